@@ -1,0 +1,193 @@
+"""The ``radcaliper`` command line (Typer).
+
+Heavy libraries (torch, transformers, MONAI) are imported inside the commands that need them, so
+``radcaliper --help`` and ``radcaliper inspect`` start in well under a second. Errors from the
+libraries are translated here: one clear line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.logs import configure_logging
+from app.settings import Settings
+
+__all__ = ["app", "main"]
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="radcaliper",
+    help=(
+        "radcaliper measures lesions and vessels on CT/MR studies and keeps every number "
+        "auditable. Run a command with --help for its options."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+EXIT_OK = 0
+EXIT_PARTIAL = 1
+EXIT_NOTHING = 2
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    settings = ctx.obj
+    if not isinstance(settings, Settings):  # pragma: no cover - set by the callback
+        raise RuntimeError("settings not initialised")
+    return settings
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"radcaliper {version('radcaliper')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="More log output (-v info, -vv debug).")
+    ] = 0,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """radcaliper: calibrated lesion and vessel measurements on CT/MR, with an audit trail."""
+    try:
+        settings = Settings()
+    except Exception as exc:  # pydantic ValidationError: a bad RADCALIPER_* variable
+        err.print(f"[red]error:[/red] invalid RADCALIPER_* setting: {exc}")
+        raise typer.Exit(EXIT_NOTHING) from exc
+    if verbose:
+        settings = settings.model_copy(update={"log_level": "DEBUG" if verbose > 1 else "INFO"})
+    configure_logging(settings.log_level)
+    ctx.obj = settings
+
+
+def _print_inspect(report: dict[str, Any]) -> None:
+    series = report["series"]
+    if series:
+        table = Table(title=f"Series under {report['path']}", show_lines=False)
+        for col in ("series", "modality", "rows x cols x slices", "spacing mm (row, col, slice)",
+                    "plane", "description"):
+            table.add_column(col)
+        for s in series:
+            dims, sp = s["dimensions"], s["spacing_mm"]
+            uid = s["series_instance_uid"]
+            table.add_row(
+                uid if len(uid) <= 28 else "…" + uid[-27:],
+                s["modality"] or "?",
+                f"{dims['rows']} x {dims['columns']} x {dims['slices']}",
+                f"{sp['row']:g}, {sp['column']:g}, {sp['slice']:g}",
+                s["orientation"]["plane"],
+                s["description"],
+            )
+        out.print(table)
+        for s in series:
+            for warning in s["warnings"]:
+                out.print(f"[yellow]note[/yellow] {s['series_instance_uid']}: {warning}")
+    else:
+        out.print(f"[red]No usable CT/MR series under {report['path']}.[/red]")
+    if report["rejected"]:
+        out.print(f"\n[bold]{len(report['rejected'])} file(s) skipped:[/bold]")
+        for r in report["rejected"]:
+            out.print(f"  [dim]-[/dim] {r['reason']}", markup=False, highlight=False)
+
+
+@app.command()
+def inspect(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="A DICOM file or folder tree, or a NIfTI file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    headers_only: Annotated[
+        bool,
+        typer.Option(
+            "--headers-only",
+            help="Read headers only (fast); pixel data is not decoded, so corrupt pixels go unseen.",
+        ),
+    ] = False,
+) -> None:
+    """Show what would be ingested: each series with identifiers, modality, dimensions, spacing
+    and orientation, and each skipped file with its reason.
+
+    Exit status: 0 if at least one series loads, 2 if nothing is usable.
+    """
+    from app.inspection import inspect_path_report
+    from ingestion import Modality
+
+    settings = _settings(ctx)
+    modality = Modality(settings.nifti_modality) if settings.nifti_modality else None
+    report = inspect_path_report(path, read_pixels=not headers_only, nifti_modality=modality)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        _print_inspect(report)
+    raise typer.Exit(EXIT_OK if report["series"] else EXIT_NOTHING)
+
+
+@app.command()
+def phantoms(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the studies into.")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Number of studies.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same studies).")] = 0,
+    nifti: Annotated[
+        bool, typer.Option("--nifti", help="Also write each study as NIfTI (image.nii.gz).")
+    ] = False,
+) -> None:
+    """Write synthetic CT studies (shared/design/phantom-spec.md) as DICOM series, with truth.json.
+
+    Each study goes to OUT/<study>/dicom/ (randomly named files); --nifti adds
+    OUT/<study>/image.nii.gz. OUT/<study>/truth.json holds the lesions' long and short axes, the
+    vessel diameter and their centres in LPS mm.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from ingestion.phantoms import write_phantoms
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("phantoms", total=n)
+        studies = write_phantoms(
+            out_dir, n=n, seed=seed, nifti=nifti, on_study=lambda _: progress.advance(task)
+        )
+    out.print(f"Wrote {len(studies)} studies to {out_dir}")
+
+
+def main() -> None:
+    """Console-script entry point: run the CLI and translate radcaliper errors."""
+    from ingestion.errors import RadcaliperError
+
+    try:
+        app()
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(EXIT_NOTHING)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

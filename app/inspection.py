@@ -1,0 +1,131 @@
+"""What `radcaliper inspect` reports: a plain, JSON-ready description of each series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ingestion import (
+    Geometry,
+    Modality,
+    Rejected,
+    ScanResult,
+    SeriesRef,
+    Volume,
+    iter_volumes,
+)
+
+__all__ = [
+    "InspectReport",
+    "describe_series_ref",
+    "describe_volume",
+    "inspect_path_report",
+    "inspect_scan",
+]
+
+InspectReport = dict[str, Any]
+
+
+def _round(values: tuple[float, ...] | list[float], digits: int = 6) -> list[float]:
+    return [round(float(v), digits) + 0.0 for v in values]
+
+
+def _geometry(geometry: Geometry, rows: int, columns: int, slices: int) -> dict[str, Any]:
+    return {
+        "dimensions": {"rows": rows, "columns": columns, "slices": slices},
+        "spacing_mm": {
+            "row": round(geometry.row_spacing, 6),
+            "column": round(geometry.column_spacing, 6),
+            "slice": round(geometry.slice_spacing, 6),
+        },
+        "orientation": {
+            "plane": geometry.plane,
+            "row_direction": _round(geometry.row_direction),
+            "column_direction": _round(geometry.column_direction),
+            "slice_direction": _round(geometry.slice_direction),
+        },
+        "origin_lps_mm": _round(geometry.origin, 4),
+        "tilt_degrees": round(geometry.tilt_degrees, 3),
+    }
+
+
+def describe_volume(volume: Volume) -> dict[str, Any]:
+    """JSON-ready description of a loaded volume."""
+    ids = volume.identifiers
+    s, r, c = volume.shape
+    return {
+        "study_instance_uid": ids.study_instance_uid,
+        "series_instance_uid": ids.series_instance_uid,
+        "patient_id": ids.patient_id,
+        "study_date": ids.study_date,
+        "series_number": ids.series_number,
+        "description": ids.series_description,
+        "modality": volume.modality.value if isinstance(volume.modality, Modality) else None,
+        "source_format": volume.source_format.value,
+        "files": len(volume.sources),
+        **_geometry(volume.geometry, r, c, s),
+        "warnings": list(volume.warnings),
+    }
+
+
+def describe_series_ref(ref: SeriesRef) -> dict[str, Any]:
+    """JSON-ready description of a DICOM stack from its headers alone (no pixels read)."""
+    info = ref.info
+    first = ref.slices[0]
+    return {
+        "study_instance_uid": info.study_instance_uid,
+        "series_instance_uid": info.series_instance_uid,
+        "patient_id": info.patient_id,
+        "study_date": info.study_date,
+        "series_number": info.series_number,
+        "description": info.series_description,
+        "modality": info.modality.value,
+        "source_format": "dicom",
+        "files": len({s.path for s in ref.slices}),
+        **_geometry(ref.geometry, first.rows, first.columns, len(ref.slices)),
+        "warnings": list(ref.warnings),
+    }
+
+
+def _rejected(items: list[Rejected]) -> list[dict[str, str]]:
+    return [{"path": str(r.path), "reason": r.reason} for r in items]
+
+
+def inspect_scan(
+    scanned: ScanResult,
+    *,
+    read_pixels: bool,
+    path: Path,
+    nifti_modality: Modality | None = None,
+) -> InspectReport:
+    """Build the inspect report; with ``read_pixels`` every series is fully loaded."""
+    series: list[dict[str, Any]] = []
+    rejected = list(scanned.rejected)
+    if read_pixels:
+        for item in iter_volumes(scanned, nifti_modality):
+            if isinstance(item, Volume):
+                series.append(describe_volume(item))
+            else:
+                rejected.append(item)
+    else:
+        series = [describe_series_ref(ref) for ref in scanned.series]
+        from ingestion import load_nifti
+        from ingestion.errors import IngestionError
+
+        for nifti in scanned.nifti:
+            try:
+                series.append(describe_volume(load_nifti(nifti, modality=nifti_modality)))
+            except (IngestionError, OSError) as exc:
+                rejected.append(Rejected(nifti, str(exc)))
+    return {"path": str(path), "series": series, "rejected": _rejected(rejected)}
+
+
+def inspect_path_report(
+    path: Path, *, read_pixels: bool = True, nifti_modality: Modality | None = None
+) -> InspectReport:
+    """Scan ``path`` and report what would be ingested."""
+    from ingestion import scan
+
+    return inspect_scan(
+        scan(path), read_pixels=read_pixels, path=path, nifti_modality=nifti_modality
+    )

@@ -1,0 +1,3 @@
+"""radcaliper `db` package: filled in by later issues (see README "Architecture")."""
+
+__all__: list[str] = []

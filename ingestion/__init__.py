@@ -1,0 +1,75 @@
+"""Ingestion: DICOM series and NIfTI files into :class:`Volume` objects with exact geometry.
+
+Pipeline stage 1 of radcaliper (see README "Architecture"): ``scan`` groups files into series
+and rejects what cannot be measured (never raising for a bad file), ``load_*`` reads voxels, and
+``prepare`` (MONAI) turns volumes into model inputs.
+
+Names are served lazily (PEP 562) so that importing one submodule, e.g. ``ingestion.errors``
+from the command line, does not pay for numpy/pydicom/nibabel, let alone MONAI and torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ingestion.errors import (
+        ConfigurationError,
+        InconsistentGeometryError,
+        IngestionError,
+        MissingGeometryError,
+        ModelError,
+        NoUsableSeriesError,
+        NotDicomError,
+        PixelDataError,
+        PreparationError,
+        RadcaliperError,
+        StorageError,
+        UnsupportedObjectError,
+    )
+    from ingestion.geometry import Geometry
+    from ingestion.load import LoadResult, iter_volumes, load_path, load_series
+    from ingestion.nifti import load_nifti, nifti_affine_to_lps, volume_to_nifti_affine
+    from ingestion.scan import Rejected, ScanResult, scan
+    from ingestion.stack import SeriesRef
+    from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+
+_SOURCES = {
+    "ingestion.errors": (
+        "ConfigurationError",
+        "InconsistentGeometryError",
+        "IngestionError",
+        "MissingGeometryError",
+        "ModelError",
+        "NoUsableSeriesError",
+        "NotDicomError",
+        "PixelDataError",
+        "PreparationError",
+        "RadcaliperError",
+        "StorageError",
+        "UnsupportedObjectError",
+    ),
+    "ingestion.geometry": ("Geometry",),
+    "ingestion.load": ("LoadResult", "iter_volumes", "load_path", "load_series"),
+    "ingestion.nifti": ("load_nifti", "nifti_affine_to_lps", "volume_to_nifti_affine"),
+    "ingestion.scan": ("Rejected", "ScanResult", "scan"),
+    "ingestion.stack": ("SeriesRef",),
+    "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
+}
+_LAZY = {name: module for module, names in _SOURCES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ingestion' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

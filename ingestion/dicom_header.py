@@ -1,0 +1,426 @@
+"""Read one DICOM file's header and turn it into slice references, or say why not.
+
+Only headers are read here (pixel data is deferred: its file offset is kept for a fast read
+later). A file becomes a :class:`DicomObject` holding one :class:`SliceRef` per image plane
+(one for a classic single-frame image, one per frame for an enhanced multi-frame object), or an
+:class:`~ingestion.errors.IngestionError` subclass whose message names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.uid import UID
+
+from ingestion.errors import (
+    InconsistentGeometryError,
+    MissingGeometryError,
+    NotDicomError,
+    PixelDataError,
+    UnsupportedObjectError,
+)
+from ingestion.geometry import Vector3
+from ingestion.volume import Modality
+
+__all__ = ["DicomObject", "PixelLocation", "SeriesInfo", "SliceRef", "read_dicom_object"]
+
+logger = logging.getLogger(__name__)
+
+_PIXEL_DATA = 0x7FE00010
+_DEFER_BYTES = 4096
+_DICOMDIR_CLASS = "1.2.840.10008.1.3.10"
+_NATIVE_LITTLE_ENDIAN = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1"}
+# Words in a SOP class name that mark an object without an image to measure.
+_NON_IMAGE_WORDS = {
+    "SR Storage": "a structured report",
+    "Segmentation": "a segmentation",
+    "RT Structure Set": "an RT structure set",
+    "RT Plan": "an RT plan",
+    "RT Ion Plan": "an RT plan",
+    "RT Beams Treatment Record": "an RT treatment record",
+    "Waveform": "a waveform",
+    "Presentation State": "a presentation state",
+    "Key Object Selection": "a key object selection",
+    "Encapsulated": "an encapsulated document",
+    "Raw Data": "raw data",
+    "Registration": "a registration",
+}
+_ORTHOGONALITY_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class SeriesInfo:
+    """What all slices of one series share; used to group files."""
+
+    study_instance_uid: str
+    series_instance_uid: str
+    modality: Modality
+    patient_id: str | None
+    study_date: str | None
+    series_number: int | None
+    series_description: str
+
+
+@dataclass(frozen=True)
+class PixelLocation:
+    """Where native (uncompressed, little-endian) pixel data of one frame sits in its file."""
+
+    offset: int
+    dtype: str
+    bits_stored: int
+
+
+@dataclass(frozen=True)
+class SliceRef:
+    """One image plane: its file (and frame), geometry and value transform."""
+
+    path: Path
+    frame: int | None  # 0-based frame index in a multi-frame object, None for single-frame
+    sop_instance_uid: str
+    position: Vector3  # ImagePositionPatient, LPS mm
+    row_direction: Vector3  # ImageOrientationPatient[0:3]
+    column_direction: Vector3  # ImageOrientationPatient[3:6]
+    pixel_spacing: tuple[float, float]  # (between rows, between columns) mm
+    rows: int
+    columns: int
+    slope: float
+    intercept: float
+    native: PixelLocation | None  # set when the fast native read applies
+    nominal_thickness: float | None = None  # SpacingBetweenSlices or SliceThickness, if given
+
+    @property
+    def normal(self) -> Vector3:
+        n = np.cross(self.row_direction, self.column_direction)
+        return (float(n[0]), float(n[1]), float(n[2]))
+
+
+@dataclass(frozen=True)
+class DicomObject:
+    """A readable CT/MR image object: series identity plus its image planes."""
+
+    info: SeriesInfo
+    slices: tuple[SliceRef, ...]
+
+
+def _read(path: Path) -> Dataset:
+    size = path.stat().st_size
+    if size == 0:
+        raise NotDicomError(f"{path}: empty file (0 bytes); re-export it from the source")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return pydicom.dcmread(path, defer_size=_DEFER_BYTES)
+        except InvalidDicomError:
+            pass
+        except Exception as exc:  # pydicom raises many types on corrupt input
+            raise NotDicomError(f"{path}: truncated or corrupt DICOM header ({exc})") from exc
+        # No 'DICM' preamble: some exporters write bare datasets. Accept only if it parses to
+        # something with a SOP class, otherwise it is not DICOM at all.
+        try:
+            ds = pydicom.dcmread(path, defer_size=_DEFER_BYTES, force=True)
+            ok = "SOPClassUID" in ds and "SOPInstanceUID" in ds
+        except Exception:
+            ok = False
+        if not ok:
+            raise NotDicomError(f"{path}: not a DICOM file (no DICM marker, no DICOM header)")
+        return ds
+
+
+def _text(ds: Dataset, keyword: str) -> str | None:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        return None
+    return str(value).strip() or None
+
+
+def _int(ds: Dataset, keyword: str) -> int | None:
+    value = ds.get(keyword)
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _floats(path: Path, value: Any, keyword: str, count: int) -> list[float]:
+    try:
+        out = [float(v) for v in (value if isinstance(value, Sequence) else [value])]
+    except (TypeError, ValueError) as exc:
+        raise InconsistentGeometryError(f"{path}: {keyword} is not numeric: {value!r}") from exc
+    if len(out) != count or not all(math.isfinite(v) for v in out):
+        raise InconsistentGeometryError(
+            f"{path}: {keyword} must hold {count} finite numbers, got {value!r}"
+        )
+    return out
+
+
+def _non_image_reason(sop_class: UID, ds: Dataset) -> str | None:
+    if sop_class == _DICOMDIR_CLASS or "DirectoryRecordSequence" in ds:
+        return "DICOMDIR (a media index, not an image); the files it lists are scanned on their own"
+    name = sop_class.name if sop_class.is_valid else (str(sop_class) or "no SOPClassUID")
+    for word, what in _NON_IMAGE_WORDS.items():
+        if word in name:
+            return f"{what} ({name}), not an image"
+    if "Rows" not in ds:
+        return f"no image in this object ({name}: no Rows/Columns)"
+    if _PIXEL_DATA not in ds:
+        return f"header only: {name} object without PixelData"
+    return None
+
+
+def _info(path: Path, ds: Dataset, modality: Modality) -> SeriesInfo:
+    study = _text(ds, "StudyInstanceUID")
+    series = _text(ds, "SeriesInstanceUID")
+    if study is None or series is None:
+        missing = "StudyInstanceUID" if study is None else "SeriesInstanceUID"
+        raise UnsupportedObjectError(f"{path}: missing {missing}; the image cannot be grouped")
+    return SeriesInfo(
+        study_instance_uid=study,
+        series_instance_uid=series,
+        modality=modality,
+        patient_id=_text(ds, "PatientID"),
+        study_date=_text(ds, "StudyDate"),
+        series_number=_int(ds, "SeriesNumber"),
+        series_description=_text(ds, "SeriesDescription") or "",
+    )
+
+
+def _orientation(path: Path, value: Any, where: str) -> tuple[Vector3, Vector3]:
+    iop = _floats(path, value, f"ImageOrientationPatient{where}", 6)
+    row, col = np.array(iop[:3]), np.array(iop[3:])
+    for name, vec in (("row", row), ("column", col)):
+        if abs(np.linalg.norm(vec) - 1.0) > 1e-2:
+            raise InconsistentGeometryError(
+                f"{path}: ImageOrientationPatient{where} {name} vector {vec.tolist()} "
+                "is not a unit vector"
+            )
+    row, col = row / np.linalg.norm(row), col / np.linalg.norm(col)
+    if abs(float(np.dot(row, col))) > _ORTHOGONALITY_TOLERANCE:
+        raise InconsistentGeometryError(
+            f"{path}: ImageOrientationPatient{where} row and column vectors are not "
+            f"perpendicular (dot = {float(np.dot(row, col)):.4f})"
+        )
+    return (
+        (float(row[0]), float(row[1]), float(row[2])),
+        (float(col[0]), float(col[1]), float(col[2])),
+    )
+
+
+def _spacing(path: Path, value: Any, where: str) -> tuple[float, float]:
+    ps = _floats(path, value, f"PixelSpacing{where}", 2)
+    if min(ps) <= 0:
+        raise InconsistentGeometryError(f"{path}: PixelSpacing{where} must be > 0, got {ps}")
+    return (ps[0], ps[1])
+
+
+def _require(path: Path, ds: Dataset, keyword: str, where: str = "") -> Any:
+    if keyword not in ds or ds[keyword].value in (None, "", []):
+        raise MissingGeometryError(
+            f"{path}: missing {keyword}{where}; without it the geometry would be guessed, "
+            "so the image is skipped"
+        )
+    return ds[keyword].value
+
+
+def _native_location(path: Path, ds: Dataset, frame_count: int) -> PixelLocation | None:
+    """Offset of native little-endian pixel data, or None when pydicom must decode it."""
+    meta = getattr(ds, "file_meta", None)
+    ts = meta.get("TransferSyntaxUID") if meta is not None else None
+    bits = _int(ds, "BitsAllocated")
+    elem = ds.get_item(_PIXEL_DATA, keep_deferred=True)
+    if ts not in _NATIVE_LITTLE_ENDIAN or bits not in (8, 16, 32) or elem is None:
+        return None
+    tell = getattr(elem, "value_tell", None)
+    length = getattr(elem, "length", None)
+    if getattr(elem, "value", 0) is not None or tell is None or length in (None, 0xFFFFFFFF):
+        return None  # not deferred (small) or undefined length: let pydicom read it
+    rows, cols = int(ds.Rows), int(ds.Columns)
+    needed = rows * cols * (bits // 8) * frame_count
+    file_size = path.stat().st_size
+    if length < needed or tell + needed > file_size:
+        raise PixelDataError(
+            f"{path}: truncated pixel data: {rows}x{cols}x{frame_count} frames need {needed} "
+            f"bytes, the file holds {max(0, min(length, file_size - tell))}"
+        )
+    signed = _int(ds, "PixelRepresentation") == 1
+    dtype = f"<{'i' if signed else 'u'}{bits // 8}"
+    return PixelLocation(offset=int(tell), dtype=dtype, bits_stored=_int(ds, "BitsStored") or bits)
+
+
+def _rescale(path: Path, item: Dataset | None, where: str) -> tuple[float, float] | None:
+    if item is None or "RescaleSlope" not in item and "RescaleIntercept" not in item:
+        return None
+    slope = _floats(path, item.get("RescaleSlope", 1.0), f"RescaleSlope{where}", 1)[0]
+    intercept = _floats(path, item.get("RescaleIntercept", 0.0), f"RescaleIntercept{where}", 1)[0]
+    if slope == 0:
+        raise InconsistentGeometryError(f"{path}: RescaleSlope{where} is 0")
+    return slope, intercept
+
+
+def _thickness(item: Dataset | None) -> float | None:
+    for keyword in ("SpacingBetweenSlices", "SliceThickness"):
+        try:
+            value = float(item.get(keyword)) if item is not None and item.get(keyword) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is not None and math.isfinite(value) and value > 0:
+            return value
+    return None
+
+
+def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> SliceRef:
+    position = _floats(path, _require(path, ds, "ImagePositionPatient"), "ImagePositionPatient", 3)
+    row_dir, col_dir = _orientation(path, _require(path, ds, "ImageOrientationPatient"), "")
+    spacing = _spacing(path, _require(path, ds, "PixelSpacing"), "")
+    slope, intercept = _rescale(path, ds, "") or (1.0, 0.0)
+    return SliceRef(
+        path=path,
+        frame=None,
+        sop_instance_uid=str(ds.SOPInstanceUID),
+        position=(position[0], position[1], position[2]),
+        row_direction=row_dir,
+        column_direction=col_dir,
+        pixel_spacing=spacing,
+        rows=int(ds.Rows),
+        columns=int(ds.Columns),
+        slope=slope,
+        intercept=intercept,
+        native=native,
+        nominal_thickness=_thickness(ds),
+    )
+
+
+def _group_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
+    """The item of a functional-group macro for one frame: per-frame first, then shared."""
+    for groups in (ds.get("PerFrameFunctionalGroupsSequence"), ds.get("SharedFunctionalGroupsSequence")):
+        if not groups:
+            continue
+        group = groups[index] if groups is ds.get("PerFrameFunctionalGroupsSequence") else groups[0]
+        seq = group.get(sequence)
+        if seq:
+            item: Dataset = seq[0]
+            return item
+    return None
+
+
+def _enhanced_slices(path: Path, ds: Dataset, frames: int, native: PixelLocation | None) -> list[SliceRef]:
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if not per_frame or len(per_frame) != frames:
+        raise MissingGeometryError(
+            f"{path}: multi-frame object with {frames} frames has "
+            f"{len(per_frame) if per_frame else 0} per-frame functional groups; "
+            "slice positions are unknown"
+        )
+    out = []
+    sop = str(ds.SOPInstanceUID)
+    frame_bytes = int(ds.Rows) * int(ds.Columns) * (int(ds.BitsAllocated) // 8)
+    for i in range(frames):
+        where = f" (frame {i + 1})"
+        pos_item = _group_item(ds, i, "PlanePositionSequence")
+        ori_item = _group_item(ds, i, "PlaneOrientationSequence")
+        meas_item = _group_item(ds, i, "PixelMeasuresSequence")
+        if pos_item is None:
+            raise MissingGeometryError(f"{path}: missing PlanePositionSequence{where}")
+        if ori_item is None:
+            raise MissingGeometryError(f"{path}: missing PlaneOrientationSequence{where}")
+        if meas_item is None:
+            raise MissingGeometryError(f"{path}: missing PixelMeasuresSequence{where}")
+        position = _floats(
+            path, _require(path, pos_item, "ImagePositionPatient", where), "ImagePositionPatient", 3
+        )
+        row_dir, col_dir = _orientation(
+            path, _require(path, ori_item, "ImageOrientationPatient", where), where
+        )
+        spacing = _spacing(path, _require(path, meas_item, "PixelSpacing", where), where)
+        rescale = _rescale(path, _group_item(ds, i, "PixelValueTransformationSequence"), where)
+        slope, intercept = rescale or _rescale(path, ds, "") or (1.0, 0.0)
+        frame_native = (
+            None
+            if native is None
+            else PixelLocation(native.offset + i * frame_bytes, native.dtype, native.bits_stored)
+        )
+        out.append(
+            SliceRef(
+                path=path,
+                frame=i,
+                sop_instance_uid=sop,
+                position=(position[0], position[1], position[2]),
+                row_direction=row_dir,
+                column_direction=col_dir,
+                pixel_spacing=spacing,
+                rows=int(ds.Rows),
+                columns=int(ds.Columns),
+                slope=slope,
+                intercept=intercept,
+                native=frame_native,
+                nominal_thickness=_thickness(meas_item),
+            )
+        )
+    return out
+
+
+def read_dicom_object(path: Path) -> DicomObject:
+    """Read one file's header into a :class:`DicomObject`.
+
+    Raises:
+        NotDicomError: empty, truncated or not DICOM.
+        UnsupportedObjectError: DICOMDIR, non-image objects, modalities other than CT/MR,
+            localizers, mosaics, colour images.
+        MissingGeometryError / InconsistentGeometryError: geometry absent or contradictory.
+        PixelDataError: no pixel data, or fewer bytes than the image needs.
+    """
+    ds = _read(path)
+    meta = getattr(ds, "file_meta", None)
+    sop_class = UID(
+        str(ds.get("SOPClassUID", ""))
+        or (str(meta.get("MediaStorageSOPClassUID", "")) if meta is not None else "")
+    )
+    reason = _non_image_reason(sop_class, ds)
+    if reason is not None:
+        raise UnsupportedObjectError(f"{path}: {reason}")
+    modality_text = _text(ds, "Modality") or "unknown"
+    if modality_text not in Modality.__members__:
+        name = sop_class.name if sop_class.is_valid else "unknown SOP class"
+        raise UnsupportedObjectError(
+            f"{path}: modality {modality_text} ({name}) is an image but not CT or MR; "
+            "radcaliper measures CT and MR only"
+        )
+    image_type = [str(v).upper() for v in (ds.get("ImageType") or [])]
+    if "LOCALIZER" in image_type or "SCOUT" in image_type:
+        raise UnsupportedObjectError(
+            f"{path}: localizer/scout image (ImageType {'/'.join(image_type)}); not measured"
+        )
+    if "MOSAIC" in image_type:
+        raise UnsupportedObjectError(
+            f"{path}: Siemens mosaic (many slices tiled in one image); convert it to single "
+            "slices (e.g. with dcm2niix to NIfTI) first"
+        )
+    samples = _int(ds, "SamplesPerPixel") or 1
+    if samples != 1:
+        raise UnsupportedObjectError(
+            f"{path}: colour image (SamplesPerPixel={samples}); CT/MR measurement needs grey values"
+        )
+    if "Rows" not in ds or "Columns" not in ds or "BitsAllocated" not in ds:
+        raise PixelDataError(f"{path}: Rows, Columns or BitsAllocated missing")
+    frames = _int(ds, "NumberOfFrames") or 1
+    info = _info(path, ds, Modality(modality_text))
+    native = _native_location(path, ds, frames)
+    if "PerFrameFunctionalGroupsSequence" in ds:
+        slices = _enhanced_slices(path, ds, frames, native)
+    elif frames > 1:
+        raise MissingGeometryError(
+            f"{path}: multi-frame image with {frames} frames but no per-frame functional groups; "
+            "the position of each frame is unknown"
+        )
+    else:
+        slices = [_classic_slice(path, ds, native)]
+    return DicomObject(info=info, slices=tuple(slices))

@@ -1,0 +1,88 @@
+"""The one exception hierarchy of radcaliper.
+
+Every error radcaliper raises on purpose derives from :class:`RadcaliperError`. Libraries raise;
+the edges translate: the CLI prints one line and exits non-zero, the UI shows ``gr.Error``, a batch
+records a failed row and goes on. Messages say what was wrong, with which file or value, and what to
+do about it.
+
+It lives in ``ingestion`` because ingestion is the first pipeline stage, which every later stage
+(``model``, ``db``, ``app``) may import; it imports nothing else of radcaliper::
+
+    RadcaliperError
+    ├── ConfigurationError          a setting or option has a value radcaliper cannot use
+    ├── IngestionError              a file or folder cannot become a Volume
+    │   ├── NotDicomError           not a DICOM (or NIfTI) file at all, or truncated
+    │   ├── UnsupportedObjectError  a readable DICOM/NIfTI object that is not a CT/MR image
+    │   ├── MissingGeometryError    PixelSpacing / ImagePositionPatient / orientation absent
+    │   ├── InconsistentGeometryError  geometry present but contradictory (gaps, duplicates, ...)
+    │   ├── PixelDataError          pixel data missing or cannot be decoded
+    │   └── NoUsableSeriesError     nothing under a path could be loaded
+    ├── PreparationError            a Volume cannot be turned into model inputs
+    ├── ModelError                  the measurer cannot load or run
+    └── StorageError                the database cannot store or return what was asked
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "InconsistentGeometryError",
+    "IngestionError",
+    "MissingGeometryError",
+    "ModelError",
+    "NoUsableSeriesError",
+    "NotDicomError",
+    "PixelDataError",
+    "PreparationError",
+    "RadcaliperError",
+    "StorageError",
+    "UnsupportedObjectError",
+]
+
+
+class RadcaliperError(Exception):
+    """Base of every error radcaliper raises on purpose."""
+
+
+class ConfigurationError(RadcaliperError):
+    """A setting or command-line option has a value radcaliper cannot use."""
+
+
+class IngestionError(RadcaliperError):
+    """A file or folder cannot become a :class:`~ingestion.volume.Volume`."""
+
+
+class NotDicomError(IngestionError):
+    """The file is neither DICOM nor NIfTI, or is truncated / empty."""
+
+
+class UnsupportedObjectError(IngestionError):
+    """A readable object that radcaliper does not measure (SR, SEG, RTDOSE, scout, ...)."""
+
+
+class MissingGeometryError(IngestionError):
+    """Geometry attributes that a measurement relies on are absent."""
+
+
+class InconsistentGeometryError(IngestionError):
+    """Geometry attributes are present but contradict each other."""
+
+
+class PixelDataError(IngestionError):
+    """Pixel data is missing or cannot be decoded."""
+
+
+class NoUsableSeriesError(IngestionError):
+    """Nothing under the given path could be loaded."""
+
+
+class PreparationError(RadcaliperError):
+    """A Volume cannot be turned into model inputs."""
+
+
+class ModelError(RadcaliperError):
+    """The measurer cannot be loaded or run."""
+
+
+class StorageError(RadcaliperError):
+    """The database cannot store or return what was asked."""

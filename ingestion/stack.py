@@ -1,0 +1,146 @@
+"""Order the image planes of one series and derive the volume geometry from them.
+
+Rules (documented in README "Ingestion rules"):
+
+- Slices are ordered by ImagePositionPatient projected on the image normal (row x column
+  direction), ascending; file names and InstanceNumber are never used.
+- Slice spacing is the distance between consecutive slice positions. Every gap must equal the
+  median gap within ``max(0.01 mm, 1 %)``; positions must lie on one line within the same tolerance.
+- Two slices at the same position (within 0.001 mm) reject the series, naming both files.
+- A gap that is a whole multiple (>= 2) of the median gap is a *missing slice*: the series is
+  rejected, naming the files on both sides of the gap, because measuring across a hole would
+  silently distort every length that crosses it. Any other uneven gap rejects the series too.
+- A slice axis that is not perpendicular to the image plane (gantry tilt) is kept exactly (the
+  geometry is sheared) and reported as a warning.
+- A single-slice series takes its slice spacing from SpacingBetweenSlices or SliceThickness, and
+  is rejected if neither is present.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingestion.dicom_header import SeriesInfo, SliceRef
+from ingestion.errors import InconsistentGeometryError, MissingGeometryError
+from ingestion.geometry import Geometry
+
+__all__ = ["GAP_TOLERANCE_FRACTION", "GAP_TOLERANCE_MM", "SeriesRef", "build_stack"]
+
+GAP_TOLERANCE_MM = 0.01
+GAP_TOLERANCE_FRACTION = 0.01
+DUPLICATE_POSITION_MM = 1e-3
+_TILT_WARNING_DEGREES = 0.01
+
+
+@dataclass(frozen=True)
+class SeriesRef:
+    """One loadable stack: a series (or part of a split series) with its slices in order."""
+
+    info: SeriesInfo
+    slices: tuple[SliceRef, ...]
+    geometry: Geometry
+    part: int | None = None  # 1-based part number when one SeriesInstanceUID was split
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        uid = self.info.series_instance_uid
+        return uid if self.part is None else f"{uid} (part {self.part})"
+
+
+def _where(ref: SliceRef) -> str:
+    return str(ref.path) if ref.frame is None else f"{ref.path} frame {ref.frame + 1}"
+
+
+def build_stack(
+    info: SeriesInfo, slices: Sequence[SliceRef], part: int | None = None
+) -> SeriesRef:
+    """Sort ``slices`` (same size, orientation and pixel spacing) into a :class:`SeriesRef`.
+
+    Raises:
+        InconsistentGeometryError: duplicated positions, missing slices, uneven gaps.
+        MissingGeometryError: a single slice with no stated thickness.
+    """
+    if not slices:
+        raise ValueError("build_stack needs at least one slice")
+    first = slices[0]
+    name = info.series_instance_uid if part is None else f"{info.series_instance_uid} part {part}"
+    normal = np.asarray(first.normal)
+    normal = normal / np.linalg.norm(normal)
+    warnings: list[str] = []
+    if len(slices) == 1:
+        if first.nominal_thickness is None:
+            raise MissingGeometryError(
+                f"{first.path}: single-slice series {name} states neither SpacingBetweenSlices "
+                "nor SliceThickness; its slice spacing is unknown"
+            )
+        geometry = Geometry(
+            origin=first.position,
+            row_direction=first.row_direction,
+            column_direction=first.column_direction,
+            slice_direction=(float(normal[0]), float(normal[1]), float(normal[2])),
+            spacing=(first.nominal_thickness, *first.pixel_spacing),
+        )
+        warnings.append("single slice: slice spacing taken from the stated slice thickness")
+        return SeriesRef(info, tuple(slices), geometry, part, tuple(warnings))
+
+    positions = np.array([s.position for s in slices], dtype=np.float64)  # (N, 3)
+    depth = positions @ normal  # (N,)
+    order = np.argsort(depth, kind="stable")
+    ordered = [slices[i] for i in order]
+    positions, depth = positions[order], depth[order]
+    gaps = np.diff(depth)  # (N-1,)
+    dup = np.flatnonzero(gaps < DUPLICATE_POSITION_MM)
+    if dup.size:
+        i = int(dup[0])
+        raise InconsistentGeometryError(
+            f"series {name}: duplicated slice position ({depth[i]:.3f} mm along the normal) in "
+            f"{_where(ordered[i])} and {_where(ordered[i + 1])}; keep one of them (or split "
+            "echoes/phases into their own series)"
+        )
+    step_mm = float(np.median(gaps))
+    tol = max(GAP_TOLERANCE_MM, GAP_TOLERANCE_FRACTION * step_mm)
+    bad = np.flatnonzero(np.abs(gaps - step_mm) > tol)
+    if bad.size:
+        i = int(bad[0])
+        ratio = gaps[i] / step_mm
+        where = f"between {_where(ordered[i])} and {_where(ordered[i + 1])}"
+        if ratio >= 1.5 and abs(ratio - round(ratio)) * step_mm <= tol:
+            missing = round(ratio) - 1
+            raise InconsistentGeometryError(
+                f"series {name}: {missing} missing slice(s): a gap of {gaps[i]:.3f} mm {where} "
+                f"where the series steps {step_mm:.3f} mm; re-export the complete series"
+            )
+        raise InconsistentGeometryError(
+            f"series {name}: non-uniform slice gaps: {gaps[i]:.3f} mm {where}, the series "
+            f"otherwise steps {step_mm:.3f} mm (tolerance {tol:.3f} mm)"
+        )
+    n = len(ordered)
+    step = (positions[-1] - positions[0]) / (n - 1)  # (3,) mean step vector
+    expected = positions[0] + np.arange(n)[:, None] * step  # (N, 3)
+    off_line = np.linalg.norm(positions - expected, axis=1)
+    if float(off_line.max()) > tol:
+        i = int(np.argmax(off_line))
+        raise InconsistentGeometryError(
+            f"series {name}: slice positions do not lie on one line ({_where(ordered[i])} is "
+            f"{off_line[i]:.3f} mm off); the series mixes stacks"
+        )
+    spacing = float(np.linalg.norm(step))
+    direction = step / spacing
+    tilt = math.degrees(math.acos(min(1.0, abs(float(direction @ normal)))))
+    if tilt > _TILT_WARNING_DEGREES:
+        warnings.append(
+            f"gantry tilt of {tilt:.2f} degrees: slices are sheared; geometry kept exact"
+        )
+    geometry = Geometry(
+        origin=(float(positions[0, 0]), float(positions[0, 1]), float(positions[0, 2])),
+        row_direction=first.row_direction,
+        column_direction=first.column_direction,
+        slice_direction=(float(direction[0]), float(direction[1]), float(direction[2])),
+        spacing=(spacing, *first.pixel_spacing),
+    )
+    return SeriesRef(info, tuple(ordered), geometry, part, tuple(warnings))

@@ -1,0 +1,109 @@
+"""The Volume: voxels, their geometry in patient space, and where they came from."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from ingestion.geometry import Geometry
+
+__all__ = ["Identifiers", "Modality", "SourceFormat", "Volume"]
+
+
+class Modality(enum.StrEnum):
+    """Imaging modalities radcaliper measures."""
+
+    CT = "CT"
+    MR = "MR"
+
+
+class SourceFormat(enum.StrEnum):
+    """File format a volume was read from."""
+
+    DICOM = "dicom"
+    NIFTI = "nifti"
+
+
+@dataclass(frozen=True)
+class Identifiers:
+    """Identifiers that let a result point back to the study, series and image it came from.
+
+    ``sop_instance_uids`` and ``frame_numbers`` have one entry per slice, in slice order. A frame
+    number is the 1-based DICOM frame within a multi-frame object, ``None`` for single-frame images.
+    For NIfTI, which carries no UIDs, study and series UIDs are derived from the file's content
+    (``uids_derived`` is True) and per-slice UIDs are ``None``.
+    """
+
+    study_instance_uid: str
+    series_instance_uid: str
+    sop_instance_uids: tuple[str | None, ...]
+    frame_numbers: tuple[int | None, ...]
+    patient_id: str | None = None
+    study_date: str | None = None
+    series_number: int | None = None
+    series_description: str = ""
+    uids_derived: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.study_instance_uid or not self.series_instance_uid:
+            raise ValueError("study_instance_uid and series_instance_uid must be non-empty")
+        if len(self.sop_instance_uids) != len(self.frame_numbers):
+            raise ValueError(
+                f"sop_instance_uids ({len(self.sop_instance_uids)}) and frame_numbers "
+                f"({len(self.frame_numbers)}) must have one entry per slice"
+            )
+
+
+@dataclass(frozen=True, eq=False)
+class Volume:
+    """A 3-D image in ``voxels[slice, row, column]`` order with exact patient geometry.
+
+    Args:
+        voxels: float32 array (slices, rows, columns); Hounsfield units for CT.
+        geometry: maps indices to LPS mm.
+        identifiers: study/series/image identifiers, one SOP instance per slice.
+        modality: CT or MR; ``None`` when the file format does not record it (NIfTI).
+        source_format: DICOM or NIfTI.
+        sources: the files the voxels were read from.
+        warnings: things a reader should know that did not stop loading (e.g. gantry tilt).
+    """
+
+    voxels: npt.NDArray[np.float32]
+    geometry: Geometry
+    identifiers: Identifiers
+    modality: Modality | None
+    source_format: SourceFormat
+    sources: tuple[Path, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.voxels, np.ndarray) or self.voxels.ndim != 3:
+            shape = getattr(self.voxels, "shape", None)
+            raise ValueError(f"voxels must be a 3-D array (slices, rows, columns), got {shape}")
+        if self.voxels.dtype != np.float32:
+            raise ValueError(f"voxels must be float32, got {self.voxels.dtype}; use .astype")
+        if min(self.voxels.shape) < 1:
+            raise ValueError(f"voxels must not be empty, got shape {self.voxels.shape}")
+        n = self.voxels.shape[0]
+        if len(self.identifiers.sop_instance_uids) != n:
+            raise ValueError(
+                f"identifiers name {len(self.identifiers.sop_instance_uids)} slices "
+                f"but voxels have {n}"
+            )
+        if not self.sources:
+            raise ValueError("sources must name at least one file")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(slices, rows, columns)."""
+        s = self.voxels.shape
+        return (int(s[0]), int(s[1]), int(s[2]))
+
+    @property
+    def affine(self) -> npt.NDArray[np.float64]:
+        """4x4 LPS affine over (slice, row, column) indices."""
+        return self.geometry.affine
