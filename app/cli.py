@@ -62,12 +62,16 @@ def _version_callback(value: bool) -> None:
 def _main(
     ctx: typer.Context,
     verbose: Annotated[
-        int, typer.Option("--verbose", "-v", count=True, help="More log output (-v info, -vv debug).")
+        int,
+        typer.Option("--verbose", "-v", count=True, help="More log output (-v info, -vv debug)."),
     ] = 0,
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_version_callback, is_eager=True, help="Show the version and exit."
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Show the version and exit.",
         ),
     ] = False,
 ) -> None:
@@ -87,8 +91,14 @@ def _print_inspect(report: dict[str, Any]) -> None:
     series = report["series"]
     if series:
         table = Table(title=f"Series under {report['path']}", show_lines=False)
-        for col in ("series", "modality", "rows x cols x slices", "spacing mm (row, col, slice)",
-                    "plane", "description"):
+        for col in (
+            "series",
+            "modality",
+            "rows x cols x slices",
+            "spacing mm (row, col, slice)",
+            "plane",
+            "description",
+        ):
             table.add_column(col)
         for s in series:
             dims, sp = s["dimensions"], s["spacing_mm"]
@@ -122,7 +132,7 @@ def inspect(
         bool,
         typer.Option(
             "--headers-only",
-            help="Read headers only (fast); pixel data is not decoded, so corrupt pixels go unseen.",
+            help="Read headers only (fast); pixels are not decoded, so damage there goes unseen.",
         ),
     ] = False,
 ) -> None:

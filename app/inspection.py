@@ -124,8 +124,8 @@ def inspect_path_report(
     path: Path, *, read_pixels: bool = True, nifti_modality: Modality | None = None
 ) -> InspectReport:
     """Scan ``path`` and report what would be ingested."""
-    from ingestion import scan
+    from ingestion import scan_path
 
     return inspect_scan(
-        scan(path), read_pixels=read_pixels, path=path, nifti_modality=nifti_modality
+        scan_path(path), read_pixels=read_pixels, path=path, nifti_modality=nifti_modality
     )

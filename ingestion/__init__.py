@@ -20,8 +20,8 @@ if TYPE_CHECKING:
         IngestionError,
         MissingGeometryError,
         ModelError,
-        NoUsableSeriesError,
         NotDicomError,
+        NoUsableSeriesError,
         PixelDataError,
         PreparationError,
         RadcaliperError,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ingestion.geometry import Geometry
     from ingestion.load import LoadResult, iter_volumes, load_path, load_series
     from ingestion.nifti import load_nifti, nifti_affine_to_lps, volume_to_nifti_affine
-    from ingestion.scan import Rejected, ScanResult, scan
+    from ingestion.scan import Rejected, ScanResult, scan_path
     from ingestion.stack import SeriesRef
     from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
 
@@ -53,13 +53,42 @@ _SOURCES = {
     "ingestion.geometry": ("Geometry",),
     "ingestion.load": ("LoadResult", "iter_volumes", "load_path", "load_series"),
     "ingestion.nifti": ("load_nifti", "nifti_affine_to_lps", "volume_to_nifti_affine"),
-    "ingestion.scan": ("Rejected", "ScanResult", "scan"),
+    "ingestion.scan": ("Rejected", "ScanResult", "scan_path"),
     "ingestion.stack": ("SeriesRef",),
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
 }
 _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "ConfigurationError",
+    "Geometry",
+    "Identifiers",
+    "InconsistentGeometryError",
+    "IngestionError",
+    "LoadResult",
+    "MissingGeometryError",
+    "Modality",
+    "ModelError",
+    "NoUsableSeriesError",
+    "NotDicomError",
+    "PixelDataError",
+    "PreparationError",
+    "RadcaliperError",
+    "Rejected",
+    "ScanResult",
+    "SeriesRef",
+    "SourceFormat",
+    "StorageError",
+    "UnsupportedObjectError",
+    "Volume",
+    "iter_volumes",
+    "load_nifti",
+    "load_path",
+    "load_series",
+    "nifti_affine_to_lps",
+    "scan_path",
+    "volume_to_nifti_affine",
+]
 
 
 def __getattr__(name: str) -> Any:

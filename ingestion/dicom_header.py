@@ -132,6 +132,10 @@ def _read(path: Path) -> Dataset:
         except Exception:
             ok = False
         if not ok:
+            with path.open("rb") as handle:
+                magic = handle.read(2)
+            if magic == b"\x1f\x8b":
+                raise NotDicomError(f"{path}: gzip-compressed file; decompress it first (gunzip)")
             raise NotDicomError(f"{path}: not a DICOM file (no DICM marker, no DICOM header)")
         return ds
 
@@ -257,7 +261,7 @@ def _native_location(path: Path, ds: Dataset, frame_count: int) -> PixelLocation
 
 
 def _rescale(path: Path, item: Dataset | None, where: str) -> tuple[float, float] | None:
-    if item is None or "RescaleSlope" not in item and "RescaleIntercept" not in item:
+    if item is None or ("RescaleSlope" not in item and "RescaleIntercept" not in item):
         return None
     slope = _floats(path, item.get("RescaleSlope", 1.0), f"RescaleSlope{where}", 1)[0]
     intercept = _floats(path, item.get("RescaleIntercept", 0.0), f"RescaleIntercept{where}", 1)[0]
@@ -301,7 +305,10 @@ def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> Sli
 
 def _group_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
     """The item of a functional-group macro for one frame: per-frame first, then shared."""
-    for groups in (ds.get("PerFrameFunctionalGroupsSequence"), ds.get("SharedFunctionalGroupsSequence")):
+    for groups in (
+        ds.get("PerFrameFunctionalGroupsSequence"),
+        ds.get("SharedFunctionalGroupsSequence"),
+    ):
         if not groups:
             continue
         group = groups[index] if groups is ds.get("PerFrameFunctionalGroupsSequence") else groups[0]
@@ -312,7 +319,9 @@ def _group_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
     return None
 
 
-def _enhanced_slices(path: Path, ds: Dataset, frames: int, native: PixelLocation | None) -> list[SliceRef]:
+def _enhanced_slices(
+    path: Path, ds: Dataset, frames: int, native: PixelLocation | None
+) -> list[SliceRef]:
     per_frame = ds.get("PerFrameFunctionalGroupsSequence")
     if not per_frame or len(per_frame) != frames:
         raise MissingGeometryError(
@@ -394,6 +403,7 @@ def read_dicom_object(path: Path) -> DicomObject:
             f"{path}: modality {modality_text} ({name}) is an image but not CT or MR; "
             "radcaliper measures CT and MR only"
         )
+    info = _info(path, ds, Modality(modality_text))
     image_type = [str(v).upper() for v in (ds.get("ImageType") or [])]
     if "LOCALIZER" in image_type or "SCOUT" in image_type:
         raise UnsupportedObjectError(
@@ -409,18 +419,24 @@ def read_dicom_object(path: Path) -> DicomObject:
         raise UnsupportedObjectError(
             f"{path}: colour image (SamplesPerPixel={samples}); CT/MR measurement needs grey values"
         )
+    try:
+        return DicomObject(info=info, slices=tuple(_image_planes(path, ds)))
+    except (PixelDataError, MissingGeometryError, InconsistentGeometryError) as exc:
+        # A damaged image of a known series: the series itself is incomplete.
+        exc.series_instance_uid = info.series_instance_uid
+        raise
+
+
+def _image_planes(path: Path, ds: Dataset) -> list[SliceRef]:
     if "Rows" not in ds or "Columns" not in ds or "BitsAllocated" not in ds:
         raise PixelDataError(f"{path}: Rows, Columns or BitsAllocated missing")
     frames = _int(ds, "NumberOfFrames") or 1
-    info = _info(path, ds, Modality(modality_text))
     native = _native_location(path, ds, frames)
     if "PerFrameFunctionalGroupsSequence" in ds:
-        slices = _enhanced_slices(path, ds, frames, native)
-    elif frames > 1:
+        return _enhanced_slices(path, ds, frames, native)
+    if frames > 1:
         raise MissingGeometryError(
             f"{path}: multi-frame image with {frames} frames but no per-frame functional groups; "
             "the position of each frame is unknown"
         )
-    else:
-        slices = [_classic_slice(path, ds, native)]
-    return DicomObject(info=info, slices=tuple(slices))
+    return [_classic_slice(path, ds, native)]

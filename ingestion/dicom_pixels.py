@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
-import pydicom.pixels
+from pydicom.pixels.utils import pixel_array
 
 from ingestion.dicom_header import PixelLocation, SliceRef
 from ingestion.errors import PixelDataError
@@ -33,14 +33,13 @@ def _correct_unused_bits(arr: npt.NDArray[np.integer], bits_stored: int) -> None
         np.right_shift(arr, shift, out=arr)
 
 
-def _read_native(handle: BinaryIO, ref: SliceRef, loc: PixelLocation, buf: np.ndarray) -> None:
+def _read_native(
+    handle: BufferedReader, ref: SliceRef, loc: PixelLocation, buf: np.ndarray
+) -> None:
     handle.seek(loc.offset)
-    view = memoryview(buf).cast("B")
-    got = handle.readinto(view)
+    got = handle.readinto(buf.data)
     if got != buf.nbytes:
-        raise PixelDataError(
-            f"{ref.path}: truncated pixel data: read {got} of {buf.nbytes} bytes"
-        )
+        raise PixelDataError(f"{ref.path}: truncated pixel data: read {got} of {buf.nbytes} bytes")
     _correct_unused_bits(buf, loc.bits_stored)
 
 
@@ -48,9 +47,7 @@ def _decode(ref: SliceRef) -> npt.NDArray[np.generic]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            arr = pydicom.pixels.pixel_array(
-                str(ref.path), index=ref.frame, correct_unused_bits=True
-            )
+            arr = pixel_array(str(ref.path), index=ref.frame, correct_unused_bits=True)
     except Exception as exc:  # decoders raise many exception types
         raise PixelDataError(
             f"{ref.path}: cannot decode pixel data ({exc}); check the file or convert it to an "
@@ -71,7 +68,7 @@ def read_stack_voxels(slices: Sequence[SliceRef]) -> npt.NDArray[np.float32]:
     """
     rows, cols = slices[0].rows, slices[0].columns
     out = np.empty((len(slices), rows, cols), dtype=np.float32)  # (S, R, C)
-    handles: dict[Path, BinaryIO] = {}
+    handles: dict[Path, BufferedReader] = {}
     buffers: dict[str, np.ndarray] = {}
     try:
         for i, ref in enumerate(slices):
@@ -86,7 +83,7 @@ def read_stack_voxels(slices: Sequence[SliceRef]) -> npt.NDArray[np.float32]:
                         for h in handles.values():
                             h.close()
                         handles.clear()
-                    handle = handles[ref.path] = ref.path.open("rb")
+                    handle = handles[ref.path] = ref.path.open("rb")  # BufferedReader
                 _read_native(handle, ref, loc, buf)
                 pixels: npt.NDArray[np.generic] = buf
             else:

@@ -49,7 +49,15 @@ class ConfigurationError(RadcaliperError):
 
 
 class IngestionError(RadcaliperError):
-    """A file or folder cannot become a :class:`~ingestion.volume.Volume`."""
+    """A file or folder cannot become a :class:`~ingestion.volume.Volume`.
+
+    ``series_instance_uid`` is set when the file's series is known, so that a damaged file can
+    mark its whole series as incomplete.
+    """
+
+    def __init__(self, message: str, *, series_instance_uid: str | None = None) -> None:
+        super().__init__(message)
+        self.series_instance_uid = series_instance_uid
 
 
 class NotDicomError(IngestionError):

@@ -151,7 +151,7 @@ class Geometry:
 
     @property
     def plane(self) -> PlaneLabel:
-        """axial / coronal / sagittal when the normal is within 10 degrees of an axis, else oblique."""
+        """axial / coronal / sagittal: normal within 10 degrees of that axis; else oblique."""
         n = np.abs(np.asarray(self.normal))
         axis = int(np.argmax(n))
         if n[axis] < math.cos(math.radians(_PLANE_TOLERANCE_DEG)):

@@ -10,7 +10,7 @@ from pathlib import Path
 from ingestion.dicom_pixels import read_stack_voxels
 from ingestion.errors import IngestionError
 from ingestion.nifti import load_nifti
-from ingestion.scan import Rejected, ScanResult, scan
+from ingestion.scan import Rejected, ScanResult, scan_path
 from ingestion.stack import SeriesRef
 from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
 
@@ -76,7 +76,7 @@ def iter_volumes(
 
 def load_path(path: Path, nifti_modality: Modality | None = None) -> LoadResult:
     """Scan ``path`` (file or folder tree) and load everything loadable."""
-    scanned = scan(path)
+    scanned = scan_path(path)
     result = LoadResult(rejected=list(scanned.rejected))
     for item in iter_volumes(scanned, nifti_modality):
         if isinstance(item, Volume):
@@ -84,5 +84,3 @@ def load_path(path: Path, nifti_modality: Modality | None = None) -> LoadResult:
         else:
             result.rejected.append(item)
     return result
-
-

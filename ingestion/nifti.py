@@ -44,7 +44,9 @@ def nifti_affine_to_lps(affine_ras: npt.ArrayLike) -> npt.NDArray[np.float64]:
 
 def volume_to_nifti_affine(geometry: Geometry) -> npt.NDArray[np.float64]:
     """Inverse of :func:`nifti_affine_to_lps`: the RAS affine over (i, j, k) for writing."""
-    mat = geometry.affine[:, _IJK_TO_SRC]  # (k, j, i) -> (i, j, k): the permutation is its own inverse
+    mat = geometry.affine[
+        :, _IJK_TO_SRC
+    ]  # (k, j, i) -> (i, j, k): the permutation is its own inverse
     return np.asarray(RAS_TO_LPS @ mat, dtype=np.float64)
 
 
@@ -111,7 +113,10 @@ def load_nifti(path: Path, modality: Modality | None = None) -> Volume:
     data = data.reshape(shape[:3] + (1,) * (3 - len(shape[:3])))  # 2-D files get one slice
     voxels = np.ascontiguousarray(data.transpose(2, 1, 0))  # (i, j, k) -> (S, R, C)
     if not np.all(np.isfinite(voxels)):
-        raise UnsupportedObjectError(f"{path}: voxel data contains NaN or infinite values")
+        raise UnsupportedObjectError(
+            f"{path}: voxel data contains NaN or infinite values (often the outside of a "
+            "resampled image); radcaliper does not invent values: replace them first"
+        )
     digest = _file_digest(path)
     study_uid = _derived_uid(hashlib.sha256(b"study" + digest).digest())
     series_uid = _derived_uid(hashlib.sha256(b"series" + digest).digest())

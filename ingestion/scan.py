@@ -18,7 +18,7 @@ from ingestion.dicom_header import DicomObject, SeriesInfo, SliceRef, read_dicom
 from ingestion.errors import IngestionError
 from ingestion.stack import SeriesRef, build_stack
 
-__all__ = ["Rejected", "ScanResult", "is_nifti_path", "iter_files", "scan", "scan_files"]
+__all__ = ["Rejected", "ScanResult", "is_nifti_path", "iter_files", "scan_files", "scan_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
     result = ScanResult()
     by_series: dict[tuple[str, str], list[_Group]] = {}
     seen: dict[tuple[str, int | None], Path] = {}
+    damaged: dict[str, Path] = {}  # series UID -> first damaged file of that series
     for path in paths:
         if is_nifti_path(path):
             result.nifti.append(path)
@@ -105,6 +106,8 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
             obj: DicomObject = read_dicom_object(path)
         except IngestionError as exc:
             result.rejected.append(Rejected(path, str(exc)))
+            if exc.series_instance_uid is not None:
+                damaged.setdefault(exc.series_instance_uid, path)
             continue
         except OSError as exc:
             result.rejected.append(Rejected(path, f"{path}: cannot read file ({exc.strerror})"))
@@ -130,6 +133,15 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
             else:
                 group.slices.append(ref)
     for (_, series_uid), groups in by_series.items():
+        if series_uid in damaged:
+            result.rejected.append(
+                Rejected(
+                    groups[0].slices[0].path,
+                    f"series {series_uid}: incomplete, because {damaged[series_uid]} is damaged "
+                    "(see its own entry); fix or re-export that file",
+                )
+            )
+            continue
         split = len(groups) > 1
         if split:
             logger.info("series split into %d parts: %s", len(groups), _describe_split(groups))
@@ -141,13 +153,15 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
                 else None
             )
             try:
-                ref = build_stack(group.info, group.slices, part=index if split else None)
+                stack = build_stack(group.info, group.slices, part=index if split else None)
             except IngestionError as exc:
                 result.rejected.append(Rejected(group.slices[0].path, str(exc)))
                 continue
             if note is not None:
-                ref = SeriesRef(ref.info, ref.slices, ref.geometry, ref.part, (note, *ref.warnings))
-            result.series.append(ref)
+                stack = SeriesRef(
+                    stack.info, stack.slices, stack.geometry, stack.part, (note, *stack.warnings)
+                )
+            result.series.append(stack)
     logger.info(
         "scan: %d series, %d NIfTI, %d rejected",
         len(result.series),
@@ -157,7 +171,7 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
     return result
 
 
-def scan(path: Path) -> ScanResult:
+def scan_path(path: Path) -> ScanResult:
     """Scan a file or folder tree. A missing path is reported as a rejection, not raised."""
     if not path.exists():
         return ScanResult(rejected=[Rejected(path, f"{path}: no such file or folder")])

@@ -56,9 +56,7 @@ def _where(ref: SliceRef) -> str:
     return str(ref.path) if ref.frame is None else f"{ref.path} frame {ref.frame + 1}"
 
 
-def build_stack(
-    info: SeriesInfo, slices: Sequence[SliceRef], part: int | None = None
-) -> SeriesRef:
+def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None = None) -> SeriesRef:
     """Sort ``slices`` (same size, orientation and pixel spacing) into a :class:`SeriesRef`.
 
     Raises:

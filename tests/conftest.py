@@ -1,0 +1,184 @@
+"""Shared fixtures: a writer of small, real DICOM series with chosen geometry."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, MRImageStorage, generate_uid
+
+
+@dataclass
+class WrittenSeries:
+    """What a factory call wrote: files in slice order and the expected HU volume."""
+
+    paths: list[Path]  # in ascending position along the normal
+    hu: np.ndarray  # (S, R, C) float32, ascending along the normal
+    positions: np.ndarray  # (S, 3) LPS of each slice, ascending along the normal
+    row_direction: np.ndarray
+    column_direction: np.ndarray
+    pixel_spacing: tuple[float, float]
+    study_uid: str
+    series_uid: str
+
+
+def make_dataset(
+    *,
+    position: Sequence[float],
+    row_direction: Sequence[float],
+    column_direction: Sequence[float],
+    pixel_spacing: Sequence[float],
+    stored: np.ndarray,
+    study_uid: str,
+    series_uid: str,
+    instance: int,
+    slope: float = 1.0,
+    intercept: float = -1024.0,
+    modality: str = "CT",
+    thickness: float | None = 2.5,
+) -> Dataset:
+    """A minimal but valid single-frame CT/MR image dataset."""
+    meta = FileMetaDataset()
+    sop_class = CTImageStorage if modality == "CT" else MRImageStorage
+    meta.MediaStorageSOPClassUID = sop_class
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = sop_class
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.StudyInstanceUID = study_uid
+    ds.SeriesInstanceUID = series_uid
+    ds.PatientID = "TEST-0001"
+    ds.PatientName = "Test^Patient"
+    ds.StudyDate = "20260101"
+    ds.Modality = modality
+    ds.SeriesNumber = 3
+    ds.SeriesDescription = "test series"
+    ds.InstanceNumber = instance
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
+    ds.ImagePositionPatient = [f"{v:.6f}" for v in position]
+    ds.ImageOrientationPatient = [f"{v:.8f}" for v in (*row_direction, *column_direction)]
+    ds.PixelSpacing = [f"{v:.6f}" for v in pixel_spacing]
+    if thickness is not None:
+        ds.SliceThickness = f"{thickness:g}"
+    ds.RescaleSlope = f"{slope:g}"
+    ds.RescaleIntercept = f"{intercept:g}"
+    ds.Rows, ds.Columns = stored.shape
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.BitsAllocated = 16
+    ds.BitsStored = 16
+    ds.HighBit = 15
+    ds.PixelRepresentation = 0
+    ds.PixelData = stored.astype("<u2").tobytes()
+    return ds
+
+
+SeriesFactory = Callable[..., WrittenSeries]
+
+
+@pytest.fixture
+def write_series() -> SeriesFactory:
+    """Return ``write(folder, **options) -> WrittenSeries`` writing one DICOM series.
+
+    Options: n, rows, cols, pixel_spacing, gap (mm between slices along ``step`` or the normal),
+    row_direction, column_direction, step (slice step vector; default normal * gap), origin,
+    order ("shuffled" | "ascending" | "descending" file numbering), drop (slice indices to omit),
+    slope, intercept, modality, seed, study_uid, series_uid, mutate (callable(ds, index)).
+    """
+
+    def write(
+        folder: Path,
+        *,
+        n: int = 6,
+        rows: int = 8,
+        cols: int = 10,
+        pixel_spacing: tuple[float, float] = (0.7, 0.8),
+        gap: float = 2.5,
+        row_direction: Sequence[float] = (1.0, 0.0, 0.0),
+        column_direction: Sequence[float] = (0.0, 1.0, 0.0),
+        step: Sequence[float] | None = None,
+        origin: Sequence[float] = (-10.0, -20.0, 30.0),
+        order: str = "shuffled",
+        drop: Sequence[int] = (),
+        slope: float = 1.0,
+        intercept: float = -1024.0,
+        modality: str = "CT",
+        seed: int = 0,
+        study_uid: str | None = None,
+        series_uid: str | None = None,
+        mutate: Callable[[Dataset, int], Any] | None = None,
+    ) -> WrittenSeries:
+        rng = np.random.default_rng(seed)
+        folder.mkdir(parents=True, exist_ok=True)
+        row = np.asarray(row_direction, dtype=float)
+        col = np.asarray(column_direction, dtype=float)
+        normal = np.cross(row, col)
+        step_vec = normal * gap if step is None else np.asarray(step, dtype=float)
+        study_uid = study_uid or generate_uid()
+        series_uid = series_uid or generate_uid()
+        stored = rng.integers(0, 3000, size=(n, rows, cols), dtype=np.uint16)
+        keep = [i for i in range(n) if i not in set(drop)]
+        names = {
+            "ascending": [f"IM{i:04d}.dcm" for i in range(len(keep))],
+            "descending": [f"IM{len(keep) - i:04d}.dcm" for i in range(len(keep))],
+            "shuffled": [f"{uuid.UUID(int=int(rng.integers(1 << 62))).hex}.dcm" for _ in keep],
+        }[order]
+        paths, positions = [], []
+        for name, i in zip(names, keep, strict=True):
+            pos = np.asarray(origin, dtype=float) + i * step_vec
+            ds = make_dataset(
+                position=pos,
+                row_direction=row,
+                column_direction=col,
+                pixel_spacing=pixel_spacing,
+                stored=stored[i],
+                study_uid=study_uid,
+                series_uid=series_uid,
+                instance=i + 1 if order != "descending" else n - i,
+                slope=slope,
+                intercept=intercept,
+                modality=modality,
+                thickness=gap,
+            )
+            if mutate is not None:
+                mutate(ds, i)
+            path = folder / name
+            ds.save_as(path, enforce_file_format=True)
+            paths.append(path)
+            positions.append(pos)
+        hu = (stored[keep].astype(np.float64) * slope + intercept).astype(np.float32)
+        pos_arr = np.array(positions)
+        depth = pos_arr @ (normal / np.linalg.norm(normal))
+        idx = np.argsort(depth)
+        return WrittenSeries(
+            paths=[paths[i] for i in idx],
+            hu=hu[idx],
+            positions=pos_arr[idx],
+            row_direction=row,
+            column_direction=col,
+            pixel_spacing=pixel_spacing,
+            study_uid=study_uid,
+            series_uid=series_uid,
+        )
+
+    return write
+
+
+@pytest.fixture
+def pydicom_test_dir() -> Path:
+    import pydicom.data
+
+    return Path(pydicom.data.get_testdata_file("CT_small.dcm")).parent  # type: ignore[arg-type]
+
+
+def read(path: Path) -> Dataset:
+    return pydicom.dcmread(path)

@@ -1,0 +1,315 @@
+"""DICOM series: grouping, ordering, spacing, rescale and the documented rejection rules."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydicom.dataset import Dataset
+
+from ingestion import load_path, scan_path
+from ingestion.volume import Modality, SourceFormat
+
+from conftest import SeriesFactory, WrittenSeries
+
+
+def assert_volume_matches(folder: Path, written: WrittenSeries) -> None:
+    result = load_path(folder)
+    assert len(result.volumes) == 1, [r.reason for r in result.rejected]
+    vol = result.volumes[0]
+    np.testing.assert_array_equal(vol.voxels, written.hu)
+    np.testing.assert_allclose(vol.geometry.origin, written.positions[0], atol=1e-6)
+    # every slice lands exactly where its ImagePositionPatient says
+    s = vol.shape[0]
+    idx = np.stack([np.arange(s), np.zeros(s), np.zeros(s)], axis=1)
+    np.testing.assert_allclose(vol.geometry.index_to_lps(idx), written.positions, atol=1e-5)
+    np.testing.assert_allclose(vol.geometry.row_direction, written.row_direction, atol=1e-7)
+    np.testing.assert_allclose(vol.geometry.column_direction, written.column_direction, atol=1e-7)
+    assert (vol.geometry.row_spacing, vol.geometry.column_spacing) == written.pixel_spacing
+    ds_uids = [p.name for p in written.paths]
+    assert [p.name for p in vol.sources] == ds_uids
+
+
+def test_shuffled_file_names_load_in_position_order(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    written = write_series(tmp_path / "s", order="shuffled", n=7)
+    assert sorted(p.name for p in written.paths) != [p.name for p in written.paths]
+    assert_volume_matches(tmp_path / "s", written)
+
+
+def test_reversed_numbering_does_not_reverse_the_volume(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    # file names and InstanceNumber both count down while positions go up
+    written = write_series(tmp_path / "s", order="descending", n=5)
+    assert_volume_matches(tmp_path / "s", written)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.slice_direction == pytest.approx((0.0, 0.0, 1.0))
+    assert vol.geometry.slice_spacing == pytest.approx(2.5)
+    assert vol.modality is Modality.CT and vol.source_format is SourceFormat.DICOM
+
+
+def test_slices_listed_top_down_are_ordered_along_the_normal(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    # step against the normal: slice 0 is the highest; radcaliper orders along +normal
+    written = write_series(tmp_path / "s", step=(0.0, 0.0, -3.0), n=5)
+    assert_volume_matches(tmp_path / "s", written)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.slice_direction == pytest.approx((0.0, 0.0, 1.0))
+    assert vol.geometry.origin[2] == pytest.approx(30.0 - 4 * 3.0)
+
+
+def test_sagittal_series(tmp_path: Path, write_series: SeriesFactory) -> None:
+    written = write_series(
+        tmp_path / "s", row_direction=(0, 1, 0), column_direction=(0, 0, -1), gap=1.2
+    )
+    assert_volume_matches(tmp_path / "s", written)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.plane == "sagittal"
+    # (0,1,0) x (0,0,-1) = (-1,0,0): slices are ordered along the image normal, patient right
+    assert vol.geometry.slice_direction == pytest.approx((-1.0, 0.0, 0.0))
+
+
+def test_double_oblique_series(tmp_path: Path, write_series: SeriesFactory) -> None:
+    a, b = math.radians(25), math.radians(-40)
+    row = np.array([math.cos(a), math.sin(a), 0.0])
+    col = np.array([-math.sin(a) * math.cos(b), math.cos(a) * math.cos(b), math.sin(b)])
+    written = write_series(tmp_path / "s", row_direction=row, column_direction=col, gap=1.7)
+    assert_volume_matches(tmp_path / "s", written)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.plane == "oblique"
+    assert vol.geometry.slice_spacing == pytest.approx(1.7, abs=1e-5)
+
+
+def test_gantry_tilt_is_kept_exact_and_reported(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    tilt = math.radians(15)
+    step = (0.0, 2.0 * math.sin(tilt), 2.0 * math.cos(tilt))
+    written = write_series(tmp_path / "s", step=step)
+    assert_volume_matches(tmp_path / "s", written)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.tilt_degrees == pytest.approx(15.0, abs=1e-3)
+    assert vol.geometry.slice_plane_distance == pytest.approx(2.0 * math.cos(tilt), abs=1e-5)
+    assert any("gantry tilt" in w for w in vol.warnings)
+
+
+def test_rescale_slope_and_intercept_give_hu(tmp_path: Path, write_series: SeriesFactory) -> None:
+    written = write_series(tmp_path / "s", slope=0.5, intercept=-1000.0)
+    assert_volume_matches(tmp_path / "s", written)
+
+
+def test_one_missing_slice_rejects_the_series_naming_the_gap(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    written = write_series(tmp_path / "s", n=8, drop=[4])
+    result = load_path(tmp_path / "s")
+    assert result.volumes == []
+    (rejected,) = result.rejected
+    assert "1 missing slice(s)" in rejected.reason
+    assert "gap of 5.000 mm" in rejected.reason and "steps 2.500 mm" in rejected.reason
+    # names the files on both sides of the hole
+    assert str(written.paths[3]) in rejected.reason and str(written.paths[4]) in rejected.reason
+
+
+def test_uneven_gaps_are_rejected(tmp_path: Path, write_series: SeriesFactory) -> None:
+    def shift(ds: Dataset, i: int) -> None:
+        if i == 3:
+            x, y, z = (float(v) for v in ds.ImagePositionPatient)
+            ds.ImagePositionPatient = [x, y, z + 0.8]
+
+    write_series(tmp_path / "s", mutate=shift)
+    (rejected,) = load_path(tmp_path / "s").rejected
+    assert "non-uniform slice gaps" in rejected.reason
+
+
+def test_positional_jitter_within_tolerance_is_accepted(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    def jitter(ds: Dataset, i: int) -> None:  # 5 micrometres: DS rounding in real exports
+        x, y, z = (float(v) for v in ds.ImagePositionPatient)
+        ds.ImagePositionPatient = [x, y, round(z + (0.005 if i % 2 else -0.005), 6)]
+
+    write_series(tmp_path / "s", mutate=jitter)
+    assert len(load_path(tmp_path / "s").volumes) == 1
+
+
+def test_duplicated_position_rejects_and_names_both_files(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    written = write_series(tmp_path / "s", n=4)
+
+    def same_place(ds: Dataset, i: int) -> None:
+        ds.ImagePositionPatient = [f"{v:.6f}" for v in written.positions[1]]
+
+    other = write_series(
+        tmp_path / "x",
+        n=1,
+        series_uid=written.series_uid,
+        study_uid=written.study_uid,
+        mutate=same_place,
+    )
+    shutil.move(other.paths[0], tmp_path / "s" / "copy.dcm")
+    (rejected,) = load_path(tmp_path / "s").rejected
+    assert "duplicated slice position" in rejected.reason
+    assert "copy.dcm" in rejected.reason and written.paths[1].name in rejected.reason
+
+
+def test_exact_duplicate_file_is_used_once(tmp_path: Path, write_series: SeriesFactory) -> None:
+    written = write_series(tmp_path / "s", n=4)
+    shutil.copy(written.paths[2], tmp_path / "s" / "zz_copy.dcm")
+    result = load_path(tmp_path / "s")
+    assert len(result.volumes) == 1 and result.volumes[0].shape[0] == 4
+    (rejected,) = result.rejected
+    assert "same SOPInstanceUID" in rejected.reason
+
+
+def test_series_mixing_orientations_is_split(tmp_path: Path, write_series: SeriesFactory) -> None:
+    axial = write_series(tmp_path / "s" / "a", n=4)
+    write_series(
+        tmp_path / "s" / "b",
+        n=3,
+        row_direction=(0, 1, 0),
+        column_direction=(0, 0, -1),
+        study_uid=axial.study_uid,
+        series_uid=axial.series_uid,
+        seed=1,
+    )
+    result = load_path(tmp_path / "s")
+    assert sorted(v.shape[0] for v in result.volumes) == [3, 4]
+    assert {v.geometry.plane for v in result.volumes} == {"axial", "sagittal"}
+    for vol in result.volumes:
+        assert any("split" in w for w in vol.warnings)
+
+
+def test_series_mixing_image_sizes_is_split(tmp_path: Path, write_series: SeriesFactory) -> None:
+    a = write_series(tmp_path / "s" / "a", n=3, rows=8)
+    write_series(
+        tmp_path / "s" / "b",
+        n=3,
+        rows=12,
+        study_uid=a.study_uid,
+        series_uid=a.series_uid,
+        origin=(0.0, 0.0, 100.0),
+    )
+    result = load_path(tmp_path / "s")
+    assert sorted(v.shape[1] for v in result.volumes) == [8, 12]
+
+
+def test_studies_and_series_are_grouped(tmp_path: Path, write_series: SeriesFactory) -> None:
+    a = write_series(tmp_path / "tree" / "p1" / "ct", n=3)
+    write_series(tmp_path / "tree" / "p1" / "ct2", n=4, study_uid=a.study_uid, seed=2)
+    write_series(tmp_path / "tree" / "p2", n=5, seed=3)
+    result = scan_path(tmp_path / "tree")
+    assert sorted(len(s.slices) for s in result.series) == [3, 4, 5]
+    assert len({s.info.study_instance_uid for s in result.series}) == 2
+    assert result.rejected == []
+
+
+def test_identifiers_point_back_to_each_image(tmp_path: Path, write_series: SeriesFactory) -> None:
+    import pydicom
+
+    written = write_series(tmp_path / "s", n=4)
+    vol = load_path(tmp_path / "s").volumes[0]
+    expected = [str(pydicom.dcmread(p).SOPInstanceUID) for p in written.paths]
+    assert list(vol.identifiers.sop_instance_uids) == expected
+    assert vol.identifiers.frame_numbers == (None,) * 4
+    assert vol.identifiers.series_instance_uid == written.series_uid
+    assert vol.identifiers.patient_id == "TEST-0001"
+
+
+@pytest.mark.parametrize(
+    ("keyword", "message"),
+    [
+        ("PixelSpacing", "missing PixelSpacing"),
+        ("ImagePositionPatient", "missing ImagePositionPatient"),
+        ("ImageOrientationPatient", "missing ImageOrientationPatient"),
+    ],
+)
+def test_missing_geometry_attribute_is_named(
+    tmp_path: Path, write_series: SeriesFactory, keyword: str, message: str
+) -> None:
+    def remove(ds: Dataset, i: int) -> None:
+        if i == 2:
+            delattr(ds, keyword)
+
+    written = write_series(tmp_path / "s", n=4, mutate=remove)
+    result = scan_path(tmp_path / "s")
+    bad = [r for r in result.rejected if message in r.reason]
+    assert len(bad) == 1
+    assert str(bad[0].path) in {str(p) for p in written.paths}
+    # the other three slices do not pass for a complete series
+    assert result.series == []
+    assert any("incomplete" in r.reason and str(bad[0].path) in r.reason for r in result.rejected)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, 0, 0, 0, 0.9, 0.4], "not a unit vector"),
+        ([1, 0, 0, 0.7071068, 0.7071068, 0], "not perpendicular"),
+        ([1, 0, 0, 0, 1], "must hold 6 finite numbers"),
+    ],
+)
+def test_inconsistent_orientation_is_rejected(
+    tmp_path: Path, write_series: SeriesFactory, value: list[float], message: str
+) -> None:
+    def corrupt(ds: Dataset, i: int) -> None:
+        ds.ImageOrientationPatient = value
+
+    write_series(tmp_path / "s", n=2, mutate=corrupt)
+    result = scan_path(tmp_path / "s")
+    assert result.series == []
+    assert all(message in r.reason for r in result.rejected)
+
+
+def test_zero_pixel_spacing_is_rejected(tmp_path: Path, write_series: SeriesFactory) -> None:
+    def corrupt(ds: Dataset, i: int) -> None:
+        ds.PixelSpacing = [0, 0.5]
+
+    write_series(tmp_path / "s", n=2, mutate=corrupt)
+    assert all("PixelSpacing must be > 0" in r.reason for r in scan_path(tmp_path / "s").rejected)
+
+
+def test_localizer_is_skipped(tmp_path: Path, write_series: SeriesFactory) -> None:
+    def scout(ds: Dataset, i: int) -> None:
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+
+    write_series(tmp_path / "s", n=1, mutate=scout)
+    (rejected,) = scan_path(tmp_path / "s").rejected
+    assert "localizer/scout" in rejected.reason
+
+
+def test_single_slice_uses_stated_thickness(tmp_path: Path, write_series: SeriesFactory) -> None:
+    write_series(tmp_path / "s", n=1, gap=3.0)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.geometry.slice_spacing == 3.0
+    assert any("single slice" in w for w in vol.warnings)
+
+
+def test_single_slice_without_thickness_is_rejected(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    def strip(ds: Dataset, i: int) -> None:
+        del ds.SliceThickness
+
+    write_series(tmp_path / "s", n=1, mutate=strip)
+    (rejected,) = scan_path(tmp_path / "s").rejected
+    assert "neither SpacingBetweenSlices nor SliceThickness" in rejected.reason
+
+
+def test_mr_without_rescale_keeps_stored_values(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    def strip(ds: Dataset, i: int) -> None:
+        del ds.RescaleSlope, ds.RescaleIntercept
+
+    written = write_series(tmp_path / "s", modality="MR", intercept=0.0, mutate=strip)
+    vol = load_path(tmp_path / "s").volumes[0]
+    assert vol.modality is Modality.MR
+    np.testing.assert_array_equal(vol.voxels, written.hu)

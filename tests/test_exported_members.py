@@ -1,0 +1,30 @@
+"""Each package's public API is exactly its ``__all__`` (after httpx's test of the same name)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PACKAGES = ["app", "ingestion", "model", "db"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_names_resolve(name: str) -> None:
+    module = importlib.import_module(name)
+    assert module.__all__ == sorted(module.__all__), f"{name}.__all__ is not sorted"
+    for member in module.__all__:
+        assert getattr(module, member) is not None, f"{name}.{member}"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_public_members_are_listed(name: str) -> None:
+    module = importlib.import_module(name)
+    public = {
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and not isinstance(v, type(importlib))  # submodules
+        and n not in {"annotations", "importlib", "TYPE_CHECKING", "Any"}
+    }
+    assert public <= set(module.__all__), public - set(module.__all__)
