@@ -31,6 +31,15 @@ if TYPE_CHECKING:
     from ingestion.geometry import Geometry
     from ingestion.load import LoadResult, iter_volumes, load_path, load_series
     from ingestion.nifti import load_nifti, nifti_affine_to_lps, volume_to_nifti_affine
+    from ingestion.prepare import (
+        PrepareConfig,
+        PreparedVolume,
+        SelectSlicesd,
+        build_preparation,
+        prepare_volume,
+        select_slices,
+        volume_to_dict,
+    )
     from ingestion.scan import Rejected, ScanResult, scan_path
     from ingestion.stack import SeriesRef
     from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
@@ -53,6 +62,15 @@ _SOURCES = {
     "ingestion.geometry": ("Geometry",),
     "ingestion.load": ("LoadResult", "iter_volumes", "load_path", "load_series"),
     "ingestion.nifti": ("load_nifti", "nifti_affine_to_lps", "volume_to_nifti_affine"),
+    "ingestion.prepare": (
+        "PrepareConfig",
+        "PreparedVolume",
+        "SelectSlicesd",
+        "build_preparation",
+        "prepare_volume",
+        "select_slices",
+        "volume_to_dict",
+    ),
     "ingestion.scan": ("Rejected", "ScanResult", "scan_path"),
     "ingestion.stack": ("SeriesRef",),
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
@@ -73,20 +91,27 @@ __all__ = [
     "NotDicomError",
     "PixelDataError",
     "PreparationError",
+    "PrepareConfig",
+    "PreparedVolume",
     "RadcaliperError",
     "Rejected",
     "ScanResult",
+    "SelectSlicesd",
     "SeriesRef",
     "SourceFormat",
     "StorageError",
     "UnsupportedObjectError",
     "Volume",
+    "build_preparation",
     "iter_volumes",
     "load_nifti",
     "load_path",
     "load_series",
     "nifti_affine_to_lps",
+    "prepare_volume",
     "scan_path",
+    "select_slices",
+    "volume_to_dict",
     "volume_to_nifti_affine",
 ]
 

@@ -1,0 +1,1 @@
+"""Private building blocks of :mod:`ingestion.prepare`; import the public names from there."""
