@@ -29,8 +29,11 @@ def _correct_unused_bits(arr: npt.NDArray[np.integer], bits_stored: int) -> None
     """Clear (unsigned) or sign-extend (signed) the bits above BitsStored, in place."""
     shift = arr.dtype.itemsize * 8 - bits_stored
     if shift > 0:
-        np.left_shift(arr, shift, out=arr)
-        np.right_shift(arr, shift, out=arr)
+        if arr.dtype.kind == "u":  # one pass: clearing the high bits is a mask
+            np.bitwise_and(arr, arr.dtype.type((1 << bits_stored) - 1), out=arr)
+        else:
+            np.left_shift(arr, shift, out=arr)
+            np.right_shift(arr, shift, out=arr)
 
 
 def _read_native(
