@@ -120,7 +120,7 @@ def _print_inspect(report: dict[str, Any]) -> None:
     if report["rejected"]:
         out.print(f"\n[bold]{len(report['rejected'])} file(s) skipped:[/bold]")
         for r in report["rejected"]:
-            out.print(f"  [dim]-[/dim] {r['reason']}", markup=False, highlight=False)
+            out.print(f"  - {r['reason']}", markup=False, highlight=False)
 
 
 @app.command()

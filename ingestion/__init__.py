@@ -31,6 +31,13 @@ if TYPE_CHECKING:
     from ingestion.geometry import Geometry
     from ingestion.load import LoadResult, iter_volumes, load_path, load_series
     from ingestion.nifti import load_nifti, nifti_affine_to_lps, volume_to_nifti_affine
+    from ingestion.phantoms import (
+        Phantom,
+        PhantomSpec,
+        TruthFinding,
+        generate_phantom,
+        write_phantoms,
+    )
     from ingestion.prepare import (
         PrepareConfig,
         PreparedVolume,
@@ -62,6 +69,13 @@ _SOURCES = {
     "ingestion.geometry": ("Geometry",),
     "ingestion.load": ("LoadResult", "iter_volumes", "load_path", "load_series"),
     "ingestion.nifti": ("load_nifti", "nifti_affine_to_lps", "volume_to_nifti_affine"),
+    "ingestion.phantoms": (
+        "Phantom",
+        "PhantomSpec",
+        "TruthFinding",
+        "generate_phantom",
+        "write_phantoms",
+    ),
     "ingestion.prepare": (
         "PrepareConfig",
         "PreparedVolume",
@@ -89,6 +103,8 @@ __all__ = [
     "ModelError",
     "NoUsableSeriesError",
     "NotDicomError",
+    "Phantom",
+    "PhantomSpec",
     "PixelDataError",
     "PreparationError",
     "PrepareConfig",
@@ -100,9 +116,11 @@ __all__ = [
     "SeriesRef",
     "SourceFormat",
     "StorageError",
+    "TruthFinding",
     "UnsupportedObjectError",
     "Volume",
     "build_preparation",
+    "generate_phantom",
     "iter_volumes",
     "load_nifti",
     "load_path",
@@ -113,6 +131,7 @@ __all__ = [
     "select_slices",
     "volume_to_dict",
     "volume_to_nifti_affine",
+    "write_phantoms",
 ]
 
 
