@@ -559,6 +559,7 @@ def test_nifti_matches_the_dicom_load(tmp_path: Path, phantoms: list[Phantom]) -
 def test_an_independent_reader_agrees(tmp_path: Path, phantoms: list[Phantom]) -> None:
     """ITK (through SimpleITK) reads both files to the same voxels and LPS geometry."""
     import SimpleITK as sitk  # a dev dependency: always installed with .[dev]
+
     phantom = phantoms[9]
     write_dicom(phantom, tmp_path / "dicom")
     write_nifti(phantom, tmp_path / "image.nii")
