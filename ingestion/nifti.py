@@ -14,7 +14,6 @@ import logging
 import warnings
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 import numpy.typing as npt
 
@@ -72,6 +71,8 @@ def load_nifti(path: Path, modality: Modality | None = None) -> Volume:
         MissingGeometryError: neither sform nor qform set.
         InconsistentGeometryError: a degenerate affine.
     """
+    import nibabel as nib  # imported here: `radcaliper inspect` on DICOM need not pay for it
+
     if path.stat().st_size == 0:
         raise NotDicomError(f"{path}: empty file (0 bytes)")
     try:
