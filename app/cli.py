@@ -93,6 +93,7 @@ def _print_inspect(report: dict[str, Any]) -> None:
         table = Table(title=f"Series under {report['path']}", show_lines=False)
         for col in (
             "series",
+            "format",
             "modality",
             "rows x cols x slices",
             "spacing mm (row, col, slice)",
@@ -105,7 +106,8 @@ def _print_inspect(report: dict[str, Any]) -> None:
             uid = s["series_instance_uid"]
             table.add_row(
                 uid if len(uid) <= 28 else "…" + uid[-27:],
-                s["modality"] or "?",
+                s["source_format"],
+                s["modality"] or "unknown",
                 f"{dims['rows']} x {dims['columns']} x {dims['slices']}",
                 f"{sp['row']:g}, {sp['column']:g}, {sp['slice']:g}",
                 s["orientation"]["plane"],
