@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ["app", "ingestion", "model", "db"]
+PACKAGES = ["app", "ingestion", "model", "model.numeric", "db"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -15,6 +15,14 @@ def test_all_names_resolve(name: str) -> None:
     assert module.__all__ == sorted(module.__all__), f"{name}.__all__ is not sorted"
     for member in module.__all__:
         assert getattr(module, member) is not None, f"{name}.{member}"
+
+
+@pytest.mark.parametrize(
+    "name", [p for p in PACKAGES if hasattr(importlib.import_module(p), "_LAZY")]
+)
+def test_lazy_table_matches_all(name: str) -> None:
+    module = importlib.import_module(name)
+    assert set(module._LAZY) == set(module.__all__)
 
 
 @pytest.mark.parametrize("name", PACKAGES)
