@@ -10,7 +10,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from model.numeric.codec import RotaryNumberCodec, rotary_frequencies, rotate_blocks
+    from model.numeric.generation import NumericGeneration, generate_numeric
+    from model.numeric.hf import NumericLM, NumericLMOutput
+    from model.numeric.losses import (
+        LambdaRamp,
+        candidate_softmax_loss,
+        rotation_cosine_loss,
+        score_mse_loss,
+    )
     from model.numeric.protocol import NumericHead
+    from model.numeric.rned_head import RnedHead
     from model.numeric.text import (
         GLUED_UNITS,
         NUM_TOKEN,
@@ -27,9 +37,21 @@ if TYPE_CHECKING:
         parse_values,
         to_num_text,
     )
+    from model.numeric.xval import XValHead
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.numeric.codec": ("RotaryNumberCodec", "rotary_frequencies", "rotate_blocks"),
+    "model.numeric.generation": ("NumericGeneration", "generate_numeric"),
+    "model.numeric.hf": ("NumericLM", "NumericLMOutput"),
+    "model.numeric.losses": (
+        "LambdaRamp",
+        "candidate_softmax_loss",
+        "rotation_cosine_loss",
+        "score_mse_loss",
+    ),
     "model.numeric.protocol": ("NumericHead",),
+    "model.numeric.rned_head": ("RnedHead",),
+    "model.numeric.xval": ("XValHead",),
     "model.numeric.text": (
         "GLUED_UNITS",
         "NUM_TOKEN",
@@ -52,18 +74,31 @@ _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 __all__ = [
     "GLUED_UNITS",
     "NUM_TOKEN",
+    "LambdaRamp",
     "NumText",
+    "NumericGeneration",
     "NumericHead",
+    "NumericLM",
+    "NumericLMOutput",
     "ParsedAnswer",
+    "RnedHead",
+    "RotaryNumberCodec",
+    "XValHead",
     "answer_text",
+    "candidate_softmax_loss",
     "format_box",
     "format_dual",
     "format_single",
     "from_num_text",
+    "generate_numeric",
     "parse_box",
     "parse_dual",
     "parse_single",
     "parse_values",
+    "rotary_frequencies",
+    "rotate_blocks",
+    "rotation_cosine_loss",
+    "score_mse_loss",
     "to_num_text",
 ]
 

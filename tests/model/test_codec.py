@@ -1,0 +1,416 @@
+"""RotaryNumberCodec: encoding, scores, both decoders, input checks, device/dtype and memory."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from model.numeric.codec import (
+    DECODE_WORKSPACE_BYTES,
+    RotaryNumberCodec,
+    rotary_frequencies,
+    rotate_blocks,
+)
+
+N_GRID = 30001  # default grid: 0, 0.1, ..., 3000
+PROPERTY = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def codec() -> RotaryNumberCodec:
+    return RotaryNumberCodec(256)
+
+
+@pytest.fixture(scope="module")
+def codec64() -> RotaryNumberCodec:
+    """float64 buffer: encode output carries no rounding, so noiseless round trips are exact."""
+    return RotaryNumberCodec(128, seed=3).double()
+
+
+def brute_force_corr(codec: RotaryNumberCodec, hidden: torch.Tensor) -> torch.Tensor:
+    """Full-grid argmax of <h, R(m Omega) x_base>, chunk by chunk, straight from cos and sin."""
+    h = hidden.double()  # (N, D)
+    x = codec.x_base.double().view(-1, 2)  # (J, 2)
+    hb = h.view(h.shape[0], -1, 2)  # (N, J, 2)
+    alpha = hb[..., 0] * x[:, 0] + hb[..., 1] * x[:, 1]  # (N, J)
+    beta = hb[..., 1] * x[:, 0] - hb[..., 0] * x[:, 1]  # (N, J)
+    omega, grid = codec.omega, codec.candidates
+    best = torch.full((h.shape[0],), -math.inf, dtype=torch.float64)
+    arg = torch.zeros(h.shape[0], dtype=torch.int64)
+    for s in range(0, grid.shape[0], 2048):
+        angles = grid[s : s + 2048, None] * omega  # (c, J)
+        scores = alpha @ angles.cos().T + beta @ angles.sin().T  # (N, c)
+        value, index = scores.max(dim=-1)
+        better = value > best
+        best, arg = torch.where(better, value, best), torch.where(better, index + s, arg)
+    return arg
+
+
+def with_snr(x: torch.Tensor, snr_db: float, generator: torch.Generator) -> torch.Tensor:
+    """x (N, D) plus Gaussian noise with |x|^2 / E|noise|^2 = 10^(snr/10)."""
+    power = x.double().square().sum(-1, keepdim=True) / 10 ** (snr_db / 10) / x.shape[1]
+    noise = torch.randn(x.shape, generator=generator, dtype=torch.float64) * power.sqrt()
+    return x.double() + noise
+
+
+# --- construction --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"dim": 7}, "dim"),
+        ({"dim": 0}, "dim"),
+        ({"dim": 2.0}, "dim"),
+        ({"dim": 8, "base": 1.0}, "base"),
+        ({"dim": 8, "base": float("nan")}, "base"),
+        ({"dim": 8, "p": -0.1}, "p"),
+        ({"dim": 8, "lo": 5.0, "hi": 5.0}, "hi"),
+        ({"dim": 8, "hi": float("inf")}, "hi"),
+        ({"dim": 8, "step": 0.0}, "step"),
+        ({"dim": 8, "step": 0.7}, "step"),  # 3000 / 0.7 is not a whole number of steps
+        ({"dim": 8, "step": 1e-5}, "step"),  # 3e8 candidates
+        ({"dim": 8, "scale": 0.0}, "scale"),
+        ({"dim": 8, "seed": 1.5}, "seed"),
+    ],
+)
+def test_invalid_arguments_name_the_argument(kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        RotaryNumberCodec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_base_vector_is_a_seeded_buffer_not_a_parameter() -> None:
+    a, b, c = RotaryNumberCodec(64, seed=1), RotaryNumberCodec(64, seed=1), RotaryNumberCodec(64)
+    assert list(a.parameters()) == []
+    assert set(a.state_dict()) == {"x_base"}
+    assert torch.equal(a.x_base, b.x_base)
+    assert not torch.equal(a.x_base, c.x_base)
+    assert a.x_base.dtype == torch.get_default_dtype()
+
+
+def test_base_vector_norm_matches_the_scale() -> None:
+    for scale in (0.02, 0.5):
+        x = RotaryNumberCodec(2048, scale=scale).x_base
+        assert abs(float(x.norm()) / (scale * math.sqrt(2048)) - 1) < 0.05
+        assert abs(float(x.std()) / scale - 1) < 0.05
+
+
+def test_frequencies_and_blocks() -> None:
+    omega = rotary_frequencies(8, 5e5)
+    assert torch.allclose(omega, torch.tensor([5e5 ** (-2 * j / 8) for j in range(4)]).double())
+    x = torch.tensor([1.0, 0.0, 0.0, 2.0])
+    y = rotate_blocks(x, torch.tensor([math.pi / 2, math.pi / 2]))
+    assert torch.allclose(y, torch.tensor([0.0, 1.0, -2.0, 0.0]), atol=1e-7)
+
+
+def test_grid_is_exact_decimals_from_lo_to_hi() -> None:
+    codec = RotaryNumberCodec(8)
+    grid = codec.candidates
+    assert grid.dtype == torch.float64 and grid.shape == (N_GRID,) == (codec.num_candidates,)
+    assert grid[0] == 0.0 and grid[-1] == 3000.0
+    assert grid[415] == 41.5 and grid[3] == 0.3 and grid[29999] == 2999.9
+    odd = RotaryNumberCodec(8, lo=-1.25, hi=1.25, step=0.25).candidates
+    assert odd.tolist() == [-1.25 + 0.25 * k for k in range(11)]
+
+
+def test_construction_time_at_2048() -> None:
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        RotaryNumberCodec(2048)
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 1.0, times
+
+
+def test_memory_at_2048_is_bounded() -> None:
+    codec = RotaryNumberCodec(2048)
+    # x_base, score vector, sorted targets, factorised and coarse-to-fine tables: ~26 MiB
+    assert codec.cache_nbytes < 32 * 2**20
+    assert codec.cache_nbytes + DECODE_WORKSPACE_BYTES < 256 * 2**20
+
+
+# --- encode and scores ---------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(st.lists(st.floats(0.0, 3000.0), min_size=1, max_size=16))
+@example([0.0, 3000.0, 1e-300, 2999.999999])
+def test_encode_preserves_the_norm(codec: RotaryNumberCodec, values: list[float]) -> None:
+    out = codec.encode(values)  # (N, D) float32
+    assert out.dtype == torch.float32 and out.shape == (len(values), 256)
+    ratio = out.double().norm(dim=-1) / codec.x_base.double().norm()
+    assert float((ratio - 1).abs().max()) <= 1e-5
+
+
+def test_encode_rotates_each_block() -> None:
+    codec = RotaryNumberCodec(64).double()
+    m = 1234.5
+    out = codec.encode(m)[0].view(-1, 2)  # (J, 2)
+    x = codec.x_base.view(-1, 2)
+    angles = m * codec.omega
+    expect_0 = x[:, 0] * angles.cos() - x[:, 1] * angles.sin()
+    expect_1 = x[:, 0] * angles.sin() + x[:, 1] * angles.cos()
+    assert torch.allclose(out, torch.stack((expect_0, expect_1), -1), rtol=0, atol=1e-15)
+    assert torch.equal(codec.encode(0.0)[0], codec.x_base)
+
+
+@PROPERTY
+@given(st.lists(st.floats(0.0, 3000.0), min_size=1, max_size=16))
+def test_score_of_an_encoded_value_is_its_target_score(
+    codec64: RotaryNumberCodec, values: list[float]
+) -> None:
+    scale = float(codec64.grid_scores.abs().max())
+    assert torch.allclose(
+        codec64.score(codec64.encode(values)),
+        codec64.target_score(values),
+        rtol=0,
+        atol=1e-13 * scale,
+    )
+
+
+@PROPERTY
+@given(st.lists(st.integers(0, N_GRID - 1), min_size=1, max_size=16))
+def test_cached_grid_scores_equal_target_scores(
+    codec64: RotaryNumberCodec, indices: list[int]
+) -> None:
+    grid = codec64.candidates[indices]
+    cached = codec64.grid_scores[indices]
+    scale = float(codec64.grid_scores.abs().max())
+    assert torch.allclose(cached, codec64.target_score(grid), rtol=0, atol=1e-13 * scale)
+    assert torch.allclose(cached, codec64.score(codec64.encode(grid)), rtol=0, atol=1e-13 * scale)
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256, 2048])
+@pytest.mark.parametrize("p", [0.0, 0.2, 0.3, 0.5])
+def test_no_two_grid_scores_collide(dim: int, p: float) -> None:
+    """RND's noiseless exactness rests on this: the smallest gap between sorted target scores is
+    >= 5e-12 of the score range at every tested setting (float64 errors are ~1e-15)."""
+    scores = RotaryNumberCodec(dim, p=p).grid_scores.sort().values
+    gap = float(scores.diff().min()) / float(scores[-1] - scores[0])
+    assert gap > 1e-12
+
+
+# --- decode --------------------------------------------------------------------------------------
+
+GRID_INDICES = st.lists(st.integers(0, N_GRID - 1), min_size=1, max_size=16)
+
+
+@PROPERTY
+@given(GRID_INDICES)
+@example([0, N_GRID - 1])
+def test_noiseless_round_trip_is_exact_float64(
+    codec64: RotaryNumberCodec, indices: list[int]
+) -> None:
+    values = codec64.candidates[indices]
+    hidden = codec64.encode(values)  # float64
+    for method in ("rnd", "corr"):
+        decoded = codec64.decode(hidden, method)  # type: ignore[arg-type]
+        assert decoded.dtype == torch.float64
+        assert torch.equal(decoded, values), method
+
+
+@PROPERTY
+@given(GRID_INDICES)
+@example([0, N_GRID - 1])
+def test_noiseless_corr_round_trip_is_exact_float32_and_bf16(
+    codec: RotaryNumberCodec, indices: list[int]
+) -> None:
+    values = codec.candidates[indices]
+    hidden = codec.encode(values)  # float32
+    assert torch.equal(codec.decode(hidden, "corr"), values)
+    assert torch.equal(codec.decode(hidden.bfloat16(), "corr"), values)
+
+
+def test_rnd_round_trip_float32_is_exact_but_for_rare_aliases() -> None:
+    """What is true for RND at float32: rounding the embedding to float32 moves S(h) by ~1e-8 of
+    the range, more than the smallest gaps between target scores, so a few grid values decode to
+    a distant alias (33 of 30,001 at d = 2048, errors up to ~560). In float64 it is exact."""
+    codec = RotaryNumberCodec(256)
+    grid = codec.candidates
+    decoded = codec.decode(codec.encode(grid), "rnd")
+    wrong = int((decoded != grid).sum())
+    assert wrong / N_GRID < 0.005, wrong
+    assert torch.equal(codec.double().decode(codec.encode(grid), "rnd"), grid)
+
+
+@pytest.mark.parametrize("dim", [64, 256])
+def test_corr_decoder_is_the_full_grid_argmax_on_noisy_inputs(dim: int) -> None:
+    codec = RotaryNumberCodec(dim, seed=dim)
+    generator = torch.Generator().manual_seed(dim)
+    values = codec.candidates[torch.randint(0, N_GRID, (48,), generator=generator)]
+    clean = codec.encode(values)
+    hidden = torch.cat(
+        [with_snr(clean, snr, generator) for snr in (-10, -5, 0, 5, 10, 20, 30)]
+        + [
+            torch.randn(16, dim, generator=generator, dtype=torch.float64),  # pure noise
+            7.5 * clean[:8].double(),  # gain
+            -clean[:8].double(),  # flipped
+            torch.zeros(1, dim, dtype=torch.float64),  # degenerate: every candidate ties
+        ]
+    )
+    expected = codec.candidates[brute_force_corr(codec, hidden)]
+    assert torch.equal(codec.decode(hidden, "corr"), expected)
+
+
+def test_corr_coarse_to_fine_is_certified_or_falls_back() -> None:
+    """The fast path alone: certified rows are exact; at very low SNR some rows are not certified
+    (and go to the full search in decode)."""
+    codec = RotaryNumberCodec(2048, seed=5)
+    generator = torch.Generator().manual_seed(5)
+    values = codec.candidates[torch.randint(0, 3001, (12,), generator=generator)]
+    clean = codec.encode(values)
+    hidden = torch.cat([with_snr(clean, snr, generator) for snr in (-15, 0, 20)])
+    alpha, beta = codec._alpha_beta(hidden)
+    index, certified = codec._corr_search(alpha, beta)
+    expected = brute_force_corr(codec, hidden)
+    assert torch.equal(index[certified], expected[certified])
+    assert bool(certified[12:].all())  # 0 and 20 dB: all certified
+    assert not bool(certified[:12].all())  # -15 dB: the fallback is exercised
+    assert torch.equal(codec.decode(hidden, "corr"), codec.candidates[expected])
+
+
+def test_corr_on_a_small_grid_uses_the_full_search() -> None:
+    codec = RotaryNumberCodec(32, lo=10.0, hi=20.0, step=0.5)
+    generator = torch.Generator().manual_seed(0)
+    hidden = with_snr(codec.encode(codec.candidates), 0.0, generator)
+    assert torch.equal(
+        codec.decode(hidden, "corr"), codec.candidates[brute_force_corr(codec, hidden)]
+    )
+
+
+def test_rnd_decodes_to_the_nearest_target_score(codec: RotaryNumberCodec) -> None:
+    generator = torch.Generator().manual_seed(1)
+    hidden = with_snr(codec.encode([10.0, 500.0, 2500.0]), 20.0, generator)
+    s = codec.score(hidden)  # (N,)
+    brute = codec.candidates[(codec.grid_scores[None, :] - s[:, None]).abs().argmin(dim=-1)]
+    assert torch.equal(codec.decode(hidden, "rnd"), brute)
+    # far outside the score range: the extreme candidates
+    big = codec.score_vector[None, :].float() * 1e6
+    assert codec.decode(torch.cat((big, -big)), "rnd").tolist() == [
+        float(codec.candidates[codec.grid_scores.argmax()]),
+        float(codec.candidates[codec.grid_scores.argmin()]),
+    ]
+
+
+# --- input checks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "bad"),
+    [
+        (-0.1, r"values\[0\] = -0\.1"),
+        (3000.0001, r"values\[0\] = 3000\.0001"),
+        ([1.0, float("nan")], r"values\[1\] = nan"),
+        (np.array([5.0, 6.0, float("inf")]), r"values\[2\] = inf"),
+        (torch.tensor([4000.0]), r"values\[0\] = 4000\.0"),
+    ],
+)
+def test_out_of_range_or_nan_values_raise(
+    codec: RotaryNumberCodec, values: object, bad: str
+) -> None:
+    with pytest.raises(ValueError, match=bad):
+        codec.encode(values)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=bad):
+        codec.target_score(values)  # type: ignore[arg-type]
+
+
+def test_malformed_values_raise(codec: RotaryNumberCodec) -> None:
+    with pytest.raises(ValueError, match="1-D"):
+        codec.encode([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="numbers"):
+        codec.encode(["a"])  # type: ignore[list-item]
+
+
+def test_value_types_are_accepted(codec: RotaryNumberCodec) -> None:
+    expected = codec.encode(torch.tensor([12.5], dtype=torch.float64))
+    for values in (12.5, [12.5], (12.5,), np.array([12.5]), np.float32(12.5), torch.tensor(12.5)):
+        assert torch.equal(codec.encode(values), expected)  # type: ignore[arg-type]
+    assert torch.equal(codec.encode(7), codec.encode(torch.tensor([7], dtype=torch.int64)))
+    assert codec.encode([]).shape == (0, 256)
+    assert codec.decode(torch.zeros(0, 256), "corr").shape == (0,)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_hidden_states_raise(codec: RotaryNumberCodec, bad: float) -> None:
+    hidden = codec.encode([1.0, 2.0]).clone()
+    hidden[1, 5] = bad
+    for method in ("rnd", "corr"):
+        with pytest.raises(ValueError, match=r"hidden\[1\] has non-finite"):
+            codec.decode(hidden, method)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-finite"):
+        codec.score(hidden)
+
+
+def test_malformed_hidden_and_method_raise(codec: RotaryNumberCodec) -> None:
+    with pytest.raises(ValueError, match=r"shape \(N, 256\)"):
+        codec.decode(torch.zeros(3, 128))
+    with pytest.raises(ValueError, match=r"shape \(N, 256\)"):
+        codec.decode(torch.zeros(256))
+    with pytest.raises(ValueError, match="floating-point"):
+        codec.decode(torch.zeros(1, 256, dtype=torch.int64))
+    with pytest.raises(ValueError, match="method"):
+        codec.decode(torch.zeros(1, 256), "argmax")  # type: ignore[arg-type]
+
+
+# --- device, dtype, state -------------------------------------------------------------------------
+
+
+def test_dtype_follows_the_module_and_decoders_upcast() -> None:
+    codec = RotaryNumberCodec(128)
+    values = codec.candidates[[0, 123, 4567, 30000]]
+    bf16 = codec.to(torch.bfloat16)
+    assert bf16.x_base.dtype == torch.bfloat16
+    hidden = bf16.encode(values)
+    assert hidden.dtype == torch.bfloat16
+    assert torch.equal(bf16.decode(hidden, "corr"), values)
+    assert bf16.decode(hidden, "rnd").dtype == torch.float64
+    # the tables were rebuilt from the bf16 base vector: its noiseless float64 round trip is exact
+    assert torch.equal(bf16.double().decode(bf16.encode(values), "rnd"), values)
+
+
+def test_state_dict_round_trip_rebuilds_the_tables() -> None:
+    source, target = RotaryNumberCodec(128, seed=1), RotaryNumberCodec(128, seed=2)
+    target.load_state_dict(source.state_dict())
+    values = source.candidates[[5, 9999, 25000]]
+    hidden = source.encode(values)
+    for method in ("rnd", "corr"):
+        assert torch.equal(target.decode(hidden, method), values)  # type: ignore[arg-type]
+
+
+def test_meta_device_codec_works_after_loading() -> None:
+    reference = RotaryNumberCodec(64, seed=4)
+    codec = RotaryNumberCodec(64).to("meta")
+    with pytest.raises(ValueError, match="meta"):
+        codec.encode(1.0)
+    codec = codec.to_empty(device="cpu")
+    codec.load_state_dict(reference.state_dict())
+    assert torch.equal(codec.encode(12.5), reference.encode(12.5))
+    assert torch.equal(codec.decode(reference.encode(12.5), "rnd"), torch.tensor([12.5]).double())
+
+
+def test_outputs_live_on_the_codec_device(codec: RotaryNumberCodec) -> None:
+    assert codec.encode(1.0).device == codec.x_base.device
+    assert codec.decode(codec.encode(1.0), "corr").device == codec.x_base.device
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu  # deselected by `make test` (-m "not gpu"); run with `pytest -m gpu` on a GPU
+def test_cuda_matches_cpu() -> None:
+    cpu = RotaryNumberCodec(256)
+    gpu = RotaryNumberCodec(256).to("cuda")
+    values = cpu.candidates[torch.randint(0, N_GRID, (64,))]
+    hidden = with_snr(cpu.encode(values), 0.0, torch.Generator().manual_seed(0))
+    for method in ("rnd", "corr"):
+        decoded = gpu.decode(hidden.cuda(), method)  # type: ignore[arg-type]
+        assert decoded.device.type == "cuda"
+        assert torch.equal(decoded.cpu(), cpu.decode(hidden, method))  # type: ignore[arg-type]
+    assert torch.allclose(gpu.encode(values.cuda()).cpu(), cpu.encode(values), atol=1e-6)
