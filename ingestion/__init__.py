@@ -10,8 +10,9 @@ from the command line, does not pay for numpy/pydicom/nibabel, let alone MONAI a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from ingestion.errors import (
@@ -89,8 +90,6 @@ _SOURCES = {
     "ingestion.stack": ("SeriesRef",),
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
 }
-_LAZY = {name: module for module, names in _SOURCES.items() for name in names}
-
 __all__ = [
     "ConfigurationError",
     "Geometry",
@@ -134,15 +133,4 @@ __all__ = [
     "write_phantoms",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ingestion' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

@@ -6,8 +6,9 @@ importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from model.numeric.codec import RotaryNumberCodec, rotary_frequencies, rotate_blocks
@@ -69,8 +70,6 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "to_num_text",
     ),
 }
-_LAZY = {name: module for module, names in _SOURCES.items() for name in names}
-
 __all__ = [
     "GLUED_UNITS",
     "NUM_TOKEN",
@@ -102,15 +101,4 @@ __all__ = [
     "to_num_text",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'model.numeric' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
