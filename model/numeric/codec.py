@@ -62,6 +62,51 @@ multiply-adds per value. Two exact pieces replace it:
    the top-k (~2x faster than the float64 full search) was not taken: its error bound is voided
    by TF32 (CUDA) or bf16 (oneDNN) "float32" matmul modes.
 
+Small batches on the CPU (``decode`` of at most ``SMALL_BATCH`` = 8 rows)
+------------------------------------------------------------------------
+During generation a step decodes the one or few rows that emitted [NUM]. There the torch path
+costs PyTorch's per-operation overhead (3-10 us per call, ~50 calls for ``corr``) rather than
+arithmetic, so small CPU batches run the same algorithms in NumPy float64, in ~15 NumPy calls
+per row, on NumPy views of the tables (shared memory; built with them in ``_build_tables``, so
+rebuilt on ``_apply`` and state-dict loads, and absent off the CPU) and a few derived tables:
+
+- RND: one dot product, one ``searchsorted``, the nearer neighbour in Python floats (the float64
+  operations of the torch path).
+- corr: a row's blocks are complex numbers ``h_c,j = h_2j + i h_2j+1``, and the phasor tables
+  carry ``conj(x_2j + i x_2j+1)``, so ``alpha_j + i beta_j`` is never formed. The bound's
+  constant and ``sum_j r_j`` are one dot product of ``|h_c|``. Coarse stage: cell ``q = a B + b``
+  has the centre ``centre_aB + b G step``, so its phasors factorise into 8 start rows times
+  B ~ cells / 8 offsets, and the start rows carry ``1 -+ i hw w_j``: one elementwise product and
+  one (16, 2L) @ (2L, B) matmul give ``c_L +- hw c_L'`` at every centre, whose maximum is
+  ``c_L + hw |c_L'|``. The matmul streams a table 8x smaller than the torch path's (cells, L)
+  one (34 KiB at d = 64). One ``argpartition`` gives the Q cells and the (Q+1)-th bound; the fine
+  stage is one (Q, 2J) @ (2J, G) matmul on the Q cells' start phasors (a (cells, J) table up to
+  4 MiB, i.e. d <= ~870 at the default grid, else factorised like the centres). Same bound,
+  margin and Q, hence the same certificate; the rows it fails go to the same factorised full
+  search, one (K, 2J) @ (2J, C) matmul per row. Complex arrays meet real tables through their
+  float64 view (real and imaginary parts interleaved) and tables whose rows alternate
+  ``Re K_j, -Im K_j``, as ``Re(P K) = Re P Re K - Im P Im K``: no copies in between.
+- The torch path first divides ``h`` by ``max_i |h_i|``. The argmax and the margin are
+  scale-free, so the NumPy path skips that and hands the torch path what it could not process
+  as safely: non-finite entries (the torch path raises the error), peaks that could overflow a
+  float64 sum, and rows with ``sum_j r_j`` below 1e-150.
+- Threads: NumPy's OpenBLAS runs large products on threads of its own, which compete with
+  torch's for the cores (with the full search in NumPy, a 2-core generation loop that emits
+  [NUM] at every step ran ~7x slower). So matrix products over 2^19 multiply-adds go through
+  torch (its MKL is also faster there): the full search's (d > 16 at the default grid), the
+  coarse and fine stages' above d ~ 500 and ~ 1300; and the NumPy path stops at d = 8192,
+  beyond which OpenBLAS threads even RND's dot product.
+
+The two paths differ by float64 rounding only (summation order, cos/sin implementations, the
+angles a factorised phasor adds up): scores by ~1e-16 to ~1e-14 of ``sum_j r_j``, as much as the
+torch path's factorised searches already differ from a direct evaluation (~3e-14), bounds by as
+little against the certification margin (1e-9). So they return the same values unless two
+candidates tie to ~1e-14 (the tests compare both paths and a brute-force search on noisy,
+aliased and degenerate inputs at d = 8 to 2048). Batch 1, one thread, d = 64: RND ~10 us,
+certified corr ~28 us, with the full search ~95 us (torch path: ~46, ~260 and ~510 us);
+d = 2048: ~23 us, ~0.29 ms, ~2.8 ms (torch path: ~68 us, ~0.9 ms, ~3.7 ms). Larger batches and
+other devices keep the torch path, whose batched operations amortise the overhead.
+
 Device and dtype. ``x_base`` is a persistent buffer (saved in ``state_dict``, moved and cast by
 ``.to()``); every derived table is float64 on ``x_base``'s device and is rebuilt whenever the module
 is moved or cast (``_apply``) or a state dict is loaded, so the decoders always match what
@@ -73,7 +118,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -83,6 +128,7 @@ from torch import nn
 __all__ = [
     "DECODE_WORKSPACE_BYTES",
     "DEFAULT_SCALE",
+    "SMALL_BATCH",
     "DecodeMethod",
     "RotaryNumberCodec",
     "Values",
@@ -108,9 +154,20 @@ _SMOOTH = 0.5  # w_c hw: low-frequency blocks turn by at most 0.5 rad across hal
 _MARGIN = 1e-9  # certification margin, in units of sum_j r_j (float64 rounding is ~1e-15)
 _MAX_CANDIDATES = 1 << 24
 _ENCODE_ROWS = 4096  # rows per float64 chunk in encode / target_score
+_CELL_PHASE_BYTES = 4 * 1024 * 1024  # small-batch path: cache per-cell phasors up to this size
+_COARSE_STARTS = 8  # small-batch path: A, rows of the factorised coarse stage
+_HOST_RANGE = 1e150  # small-batch path: D max|h_i| max(|x_i|, |u_i|) < R, sum_j r_j > 1/R
+_NUMPY_PRODUCT = 1 << 19  # small-batch path: larger matrix products go through torch (_dot)
+_HOST_MAX_DIM = 8192  # small-batch path up to this D (beyond, even RND's product is threaded)
+
+#: ``decode`` of at most this many rows, on the CPU, runs the NumPy small-batch path.
+SMALL_BATCH = 8
 
 DecodeMethod: TypeAlias = Literal["rnd", "corr"]
 Values: TypeAlias = float | Sequence[float] | npt.NDArray[Any] | torch.Tensor
+_F64: TypeAlias = npt.NDArray[np.float64]
+_C128: TypeAlias = npt.NDArray[np.complex128]
+_I64: TypeAlias = npt.NDArray[np.int64]
 
 
 def rotary_frequencies(dim: int, base: float) -> torch.Tensor:
@@ -283,6 +340,164 @@ def _coarse_to_fine(
     return index.flatten(1).gather(1, arg[:, None])[:, 0], certified
 
 
+@dataclass(frozen=True)
+class _HostTables:
+    """NumPy tables of the small-batch CPU decoders (module doc, "Small batches on the CPU").
+
+    Views of the CPU ``_Tables`` where the torch path has the same table (shared memory), plus
+    small derived arrays. With ``h_c,j = h_2j + i h_2j+1`` and ``xbar_j = x_2j - i x_2j+1``,
+    block ``j``'s phasor is ``w_j = xbar_j h_c,j = alpha_j + i beta_j`` and the correlation at
+    angles ``theta_j`` is ``Re sum_j w_j e^{-i theta_j}``. The complex tables carry ``xbar_j``
+    already, so a row's complex view ``h_c`` multiplies them directly. A complex (..., J) array
+    viewed as float64 is (..., 2J) with real and imaginary parts interleaved, and
+    ``Re(P K) = [Re P, Im P] . [Re K; -Im K]``: one matmul with ``_real_rows(K)`` sums
+    ``Re(P_j K_j)`` over the blocks, with no copy in between.
+    """
+
+    score_vector: _F64  # (D,) view: S(h) = h @ u
+    sorted_scores: _F64  # (n,) view
+    sorted_index: _I64  # (n,) view
+    candidates: _F64  # (n,) view
+    max_peak: float  # every |h_i| below it, else the torch path: nothing can overflow
+    min_total: float  # corr: sum_j r_j above it, else the torch path (it normalises h)
+    bound_weights: _F64  # (J, 2) |x_j| [1 (j < split) or hw^2 w_j^2 / 2, 1], see _host_decode
+    split: int  # first low-frequency block
+    cells: int  # number of coarse cells; 0: nothing is certified (as in _corr_search)
+    coarse_start: _C128  # (2A, L) xbar_j (1 -+ i hw w_j) e^{-i centre_aB w_j}, j >= split
+    coarse_offset: _F64  # (2L, B) _real_rows(e^{-i d_b w_j}), j >= split
+    cell_phase: _C128  # (cells, J) xbar_j e^{-i start_q w_j}, or if too big (A, J) for q = aB
+    cell_offset: _C128 | None  # None, or (B, J) e^{-i b G step w_j}: then q = aB + b is a product
+    fine_table: _F64  # (2J, G) _real_rows(e^{-i g step w_j}): rows cos, sin alternating
+    start_phase: _C128  # (K, J) xbar_j e^{-i start_k w_j}: the full search's chunk starts
+    offset_table: _F64  # (2J, C) view: [cos; sin](c step w_j), stacked as in the torch path
+
+    #: fields that are views of the torch tables (their bytes are counted there)
+    VIEWS: ClassVar[frozenset[str]] = frozenset(
+        {"score_vector", "sorted_scores", "sorted_index", "candidates", "offset_table"}
+    )
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays this object adds to the torch tables."""
+        fields = [
+            getattr(self, name) for name in self.__dataclass_fields__ if name not in self.VIEWS
+        ]
+        return sum(a.nbytes for a in fields if isinstance(a, np.ndarray))
+
+
+def _real_rows(k: _C128) -> _F64:
+    """(J, M) complex -> (2J, M) float64 with rows Re k_0, -Im k_0, Re k_1, -Im k_1, ..."""
+    return np.stack((k.real, -k.imag), axis=1).reshape(2 * k.shape[0], k.shape[1])
+
+
+def _host_tables(t: _Tables, dim: int, step: float) -> _HostTables:
+    """The small-batch path's tables from CPU ``_Tables`` (see ``_HostTables``)."""
+    x, omega, u = t.x64.numpy(), t.omega.numpy(), t.score_vector.numpy()
+    candidates, s, hw = t.candidates.numpy(), t.split, t.half_width
+    n, blocks = candidates.shape[0], omega.shape[0]
+    x_conj = x[0::2] - 1j * x[1::2]  # (J,)
+    bound_weights = np.ones((blocks, 2))
+    bound_weights[s:, 0] = omega[s:] ** 2 * (hw * hw / 2)
+
+    # Coarse cells q = a B + b (A = _COARSE_STARTS): centre_q = centre_aB + d_b with
+    # d_b = b G step, so e^{-i centre_q w} = e^{-i centre_aB w} e^{-i d_b w} and (A + B) x L
+    # phasors replace the torch path's (cells, L) table. The cell bound less its constant is
+    # c_L + hw |c_L'| = max(c_L + hw c_L', c_L - hw c_L'), and d/dc multiplies a phasor by
+    # -i w_j, so start phasors times (1 -+ i hw w_j) give both in one matmul, as halves.
+    use_cells = t.coarse_table.numel() > 0 and t.coarse_table.shape[1] > _TOP_CELLS + 1
+    cells = math.ceil(n / _CELL) if use_cells else 0
+    n_offsets = max(1, math.ceil(cells / _COARSE_STARTS))  # B
+    d = np.arange(n_offsets) * (_CELL * step)  # (B,) d_b
+    w_low = omega[s:]  # (L,)
+    centres = candidates[:: _CELL * n_offsets] + hw  # (A,) centre of every B-th cell
+    start = x_conj[s:] * np.exp(-1j * (centres[:, None] * w_low))  # (A, L)
+    signs = np.array([1.0, -1.0])[:, None, None] * (1j * hw * w_low)  # (2, 1, L)
+    # the fine stage's phasors at the cells' first candidates: a (cells, J) table, or if that
+    # is too big, factorised in the same way: (A, J) at every B-th cell times (B, J) offsets
+    factorised = cells * blocks * 16 > _CELL_PHASE_BYTES
+    cell_start = candidates[: cells * _CELL : _CELL * (n_offsets if factorised else 1)]
+    fine = t.fine_table.numpy()  # (2J, G) stacked [cos; sin]
+    scale = dim * max(float(np.abs(x).max()), float(np.abs(u).max()), 1e-300)
+    return _HostTables(
+        score_vector=u,
+        sorted_scores=t.sorted_scores.numpy(),
+        sorted_index=t.sorted_index.numpy(),
+        candidates=candidates,
+        max_peak=_HOST_RANGE / scale,
+        min_total=1 / _HOST_RANGE,
+        bound_weights=np.abs(x_conj)[:, None] * bound_weights,
+        split=s,
+        cells=cells,
+        coarse_start=((1 - signs) * start).reshape(-1, w_low.shape[0]),
+        coarse_offset=_real_rows(np.exp(-1j * (w_low[:, None] * d))),
+        cell_phase=x_conj * np.exp(-1j * (cell_start[:, None] * omega)),
+        cell_offset=np.exp(-1j * (d[:, None] * omega)) if factorised else None,
+        fine_table=_real_rows(fine[:blocks] - 1j * fine[blocks:]),
+        start_phase=x_conj * (t.start_cos.numpy() - 1j * t.start_sin.numpy()),
+        offset_table=t.offset_table.numpy(),
+    )
+
+
+_HOST_DTYPES = (torch.float64, torch.float32, torch.float16)  # NumPy has them (not bfloat16)
+
+
+def _dot(a: _F64, b: _F64) -> _F64:
+    """(M, K) @ (K, N) float64. Up to ``_NUMPY_PRODUCT`` multiply-adds in NumPy, beyond through
+    torch: NumPy's OpenBLAS runs large products on threads of its own, which then compete with
+    torch's for the cores (module doc, "Small batches on the CPU")."""
+    if a.shape[0] * a.shape[1] * b.shape[1] <= _NUMPY_PRODUCT:
+        out: _F64 = np.dot(a, b)
+        return out
+    return torch.from_numpy(a).mm(torch.from_numpy(b)).numpy()
+
+
+def _host_rnd(f: _HostTables, h: _F64) -> _I64:
+    """RND: one dot product, one binary search, then the nearer neighbour (ties go left), row by
+    row in Python floats: the same float64 operations as ``_rnd_index``."""
+    s = h @ f.score_vector  # (N,) a matrix-vector product, on one thread in OpenBLAS
+    scores, last = f.sorted_scores, f.sorted_scores.shape[0] - 1
+    picks = []
+    for value, right in zip(s.tolist(), scores.searchsorted(s).tolist(), strict=True):
+        right = min(max(right, 1), last)
+        nearer = abs(scores[right] - value) < abs(value - scores[right - 1])
+        picks.append(right if nearer else right - 1)
+    return f.sorted_index.take(picks)
+
+
+def _host_full(f: _HostTables, hc: _C128) -> int:
+    """``_corr_full`` for one row, ``hc`` (J,) its complex view: the full-grid argmax."""
+    p = hc * f.start_phase  # (K, J) phasors at the chunk starts
+    scores = _dot(np.concatenate((p.real, p.imag), axis=1), f.offset_table)  # (K, C)
+    return int(scores.ravel()[: f.candidates.shape[0]].argmax())
+
+
+def _host_cells(f: _HostTables, hc: _C128, constant: float, total: float) -> int | None:
+    """``_coarse_to_fine`` for one row, ``hc`` (J,) its complex view: the fine winner's index if
+    certified, else None. ``constant`` is the bound's ``sum_H r_j + hw^2 / 2 sum_L w_j^2 r_j``,
+    ``total`` the margin's unit ``sum_j r_j``."""
+    cell, top = f.fine_table.shape[1], _TOP_CELLS
+    # coarse: c_L +- hw c_L' at every centre, (2A, 2L) @ (2L, B) -> (2A, B)
+    coarse = _dot((hc[f.split :] * f.coarse_start).view(np.float64), f.coarse_offset)
+    a = coarse.shape[0] // 2
+    upper = np.maximum(coarse[:a], coarse[a:]).ravel()[: f.cells]  # c_L + hw |c_L'|
+    order = upper.argpartition(-(top + 1))  # (cells,) the Q + 1 largest bounds last
+    cells = order[-top:]  # (Q,) the refined cells, any order
+    if f.cell_offset is None:
+        phase = f.cell_phase.take(cells, axis=0)  # (Q, J) xbar_j e^{-i start_q w_j}
+    else:
+        a_index, b_index = np.divmod(cells, f.cell_offset.shape[0])
+        phase = f.cell_phase.take(a_index, axis=0) * f.cell_offset.take(b_index, axis=0)
+    scores = _dot((hc * phase).view(np.float64), f.fine_table).ravel()  # (Q G)
+    best = int(scores.argmax())
+    index = int(cells[best // cell]) * cell + best % cell
+    n = f.candidates.shape[0]
+    if index >= n:  # a point past hi (the last cell is partial) won: mask those, again
+        scores[(cells[:, None] * cell + np.arange(cell)).ravel() >= n] = -np.inf
+        best = int(scores.argmax())
+        index = int(cells[best // cell]) * cell + best % cell
+    kth = float(upper[order[-(top + 1)]]) + constant  # the (Q+1)-th largest bound
+    return index if kth < float(scores[best]) - _MARGIN * total else None
+
+
 class RotaryNumberCodec(nn.Module):
     """Encode values as rotated [NUM] embeddings; decode hidden states with RND or correlation.
 
@@ -358,6 +573,7 @@ class RotaryNumberCodec(nn.Module):
         x = torch.randn(dim, generator=generator, dtype=torch.float64) * scale  # (D,)
         self.register_buffer("x_base", x.to(torch.get_default_dtype()))
         self._tables: _Tables | None = None
+        self._host: _HostTables | None = None
         self._build_tables()
 
     # ----------------------------------------------------------------------------------------
@@ -367,7 +583,7 @@ class RotaryNumberCodec(nn.Module):
     def _build_tables(self) -> None:
         device = self.x_base.device
         if device.type == "meta":  # e.g. a model built on the meta device, weights loaded later
-            self._tables = None
+            self._tables = self._host = None
             return
         f64 = torch.float64
         dim, n = self.dim, self.num_candidates
@@ -398,6 +614,8 @@ class RotaryNumberCodec(nn.Module):
             coarse_table=coarse_table,
             fine_table=fine_table,
         )
+        cpu = device.type == "cpu" and dim <= _HOST_MAX_DIM
+        self._host = _host_tables(self._tables, dim, self.step) if cpu else None
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
         """Move/cast the buffer as ``nn.Module`` does, then rebuild the float64 tables from it."""
@@ -452,7 +670,8 @@ class RotaryNumberCodec(nn.Module):
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by ``x_base`` and every cached table (the decoders' fixed memory)."""
-        return self._t.nbytes() + self.x_base.numel() * self.x_base.element_size()
+        host = 0 if self._host is None else self._host.nbytes()
+        return self._t.nbytes() + host + self.x_base.numel() * self.x_base.element_size()
 
     def extra_repr(self) -> str:
         return (
@@ -473,6 +692,8 @@ class RotaryNumberCodec(nn.Module):
         """
         t = self._t
         m = self.as_values(values)  # (N,) float64
+        if m.shape[0] <= _ENCODE_ROWS:  # one chunk (e.g. generation's few values): no buffer
+            return rotate_blocks(t.x64, m[:, None] * t.omega).to(self.x_base.dtype)
         out = torch.empty(m.shape[0], self.dim, dtype=self.x_base.dtype, device=m.device)
         for s in range(0, m.shape[0], _ENCODE_ROWS):
             angles = m[s : s + _ENCODE_ROWS, None] * t.omega  # (n, J)
@@ -505,16 +726,63 @@ class RotaryNumberCodec(nn.Module):
         """(N, D) hidden states (any float dtype; upcast) -> (N,) float64 grid values.
 
         ``method="rnd"``: the paper's nearest target score; ``"corr"``: the correlation
-        (maximum-likelihood) decoder, an exact full-grid argmax.
+        (maximum-likelihood) decoder, an exact full-grid argmax. Up to ``SMALL_BATCH`` rows on
+        the CPU take the NumPy path (module doc, "Small batches on the CPU"): the same values.
         """
         if method not in ("rnd", "corr"):
             raise ValueError(f"method must be 'rnd' or 'corr', got {method!r}")
+        if (
+            self._host is not None
+            and isinstance(hidden, torch.Tensor)
+            and hidden.is_cpu
+            and hidden.is_floating_point()
+            and hidden.dim() == 2
+            and 0 < hidden.shape[0] <= SMALL_BATCH
+            and hidden.shape[1] == self.dim
+        ):
+            values = self._host_decode(hidden, method)
+            if values is not None:
+                return values
         with torch.no_grad():
             h = self._hidden(hidden)  # (N, D) float64
             if h.shape[0] == 0:
                 return torch.zeros(0, dtype=torch.float64, device=h.device)
             index = self._rnd_index(h) if method == "rnd" else self._corr_index(h)  # (N,)
             return self._t.candidates[index]
+
+    def _host_decode(self, hidden: torch.Tensor, method: DecodeMethod) -> torch.Tensor | None:
+        """The NumPy path of ``decode`` for (N, D) CPU hidden states, N <= SMALL_BATCH.
+
+        None where the batch needs the torch path: non-finite entries (it raises the error), a
+        peak ``max_i |h_i|`` that could overflow, or a row whose ``sum_j r_j`` is so small that
+        the torch path must normalise it first (see ``_HOST_RANGE``).
+        """
+        f = self._host
+        assert f is not None
+        if hidden.dtype not in _HOST_DTYPES:
+            hidden = hidden.to(torch.float64)
+        h = np.ascontiguousarray(hidden.numpy(force=True), dtype=np.float64)  # (N, D)
+        magnitude = np.abs(h)
+        if not float(magnitude.flat[magnitude.argmax()]) < f.max_peak:  # a NaN fails too
+            return None
+        if method == "rnd":
+            return torch.from_numpy(f.candidates.take(_host_rnd(f, h)))
+        hc = h.view(np.complex128)  # (N, J) h_2j + i h_2j+1
+        index = np.zeros(h.shape[0], dtype=np.int64)
+        rest = []  # rows for the full search
+        for i, row in enumerate(hc):
+            # r_j = |alpha_j + i beta_j| = |x_j| |hc_j|: the bound's constant and sum_j r_j
+            constant, total = np.dot(np.abs(row), f.bound_weights).tolist()
+            if not total > f.min_total:
+                return None
+            found = _host_cells(f, row, constant, total) if f.cells else None
+            if found is None:
+                rest.append(i)
+            else:
+                index[i] = found
+        for i in rest:
+            index[i] = _host_full(f, hc[i])
+        return torch.from_numpy(f.candidates.take(index))
 
     def _rnd_index(self, h: torch.Tensor) -> torch.Tensor:
         """(N, D) float64 -> (N,) candidate indices of the nearest cached target score."""
@@ -598,7 +866,9 @@ class RotaryNumberCodec(nn.Module):
         """
         device = self.x_base.device
         if isinstance(values, torch.Tensor):
-            m = values.detach().to(device=device, dtype=torch.float64)
+            m = values.detach()
+            if m.dtype != torch.float64 or m.device != device:
+                m = m.to(device=device, dtype=torch.float64)
         else:
             try:
                 m = torch.as_tensor(np.asarray(values, dtype=np.float64), device=device)
@@ -608,8 +878,12 @@ class RotaryNumberCodec(nn.Module):
             m = m[None]
         if m.dim() != 1:
             raise ValueError(f"values must be a scalar or 1-D, got shape {tuple(m.shape)}")
-        bad = ~((m >= self.lo) & (m <= self.hi))  # NaN fails both comparisons
-        if bool(bad.any()):
+        if m.shape[0] <= SMALL_BATCH and m.is_cpu:  # a few values: no tensor ops
+            inside = all(self.lo <= v <= self.hi for v in m.tolist())
+        else:
+            inside = bool(((m >= self.lo) & (m <= self.hi)).all())
+        if not inside:
+            bad = ~((m >= self.lo) & (m <= self.hi))  # NaN fails both comparisons
             i = int(bad.nonzero()[0, 0])
             raise ValueError(
                 f"values[{i}] = {float(m[i])!r} is outside the codec range "

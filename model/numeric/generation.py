@@ -121,8 +121,9 @@ def generate_numeric(
 
     sequences, mask = input_ids, attention_mask.long()
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
-    num_rows: list[torch.Tensor] = []  # per [NUM] step: (n,) rows that emitted [NUM]
+    num_rows: list[list[int]] = []  # per [NUM] step: the n rows that emitted [NUM]
     num_decoded: list[torch.Tensor] = []  # per [NUM] step: (n,) float64 their values
+    embed_dtype = lm.token_embeddings(input_ids[:1, -1:]).dtype  # what the next step feeds
     all_logits: list[torch.Tensor] = []
     for step in range(max_new_tokens):
         if output_logits:
@@ -139,16 +140,26 @@ def generate_numeric(
             generator=generator,
         )  # (B,)
         next_ids = next_ids.masked_fill(finished, pad_id)
-        next_embeds = lm.token_embeddings(next_ids[:, None])  # (B, 1, D)
-
-        if head is not None and num_id is not None:
-            is_num = (next_ids == num_id) & ~finished  # (B,) decode these rows only
-            if bool(is_num.any()):
-                rows = is_num.nonzero().squeeze(-1)  # (n,)
-                decoded = head.decode(step_hidden[rows].float())  # (n,) float64
-                next_embeds[rows, 0] = head.embed(decoded).to(next_embeds.dtype)  # (n, D)
-                num_rows.append(rows)
-                num_decoded.append(decoded)
+        rows = [] if head is None else _num_rows(next_ids, finished, num_id, pad_id)
+        if head is None or not rows:
+            next_embeds = lm.token_embeddings(next_ids[:, None])  # (B, 1, D)
+        else:  # decode the rows that emitted [NUM] only, feed their values' embeddings
+            every = len(rows) == batch
+            index = None if every else torch.tensor(rows, device=device)  # (n,)
+            num_hidden = step_hidden if index is None else step_hidden[index]  # (n, D)
+            if num_hidden.dtype != torch.float32:
+                num_hidden = num_hidden.float()
+            decoded = head.decode(num_hidden)  # (n,) float64
+            value_embeds = head.embed(decoded)  # (n, D)
+            if value_embeds.dtype != embed_dtype:
+                value_embeds = value_embeds.to(embed_dtype)
+            if index is None:  # every row feeds a value: no token embeddings to look up
+                next_embeds = value_embeds[:, None]  # (B, 1, D)
+            else:
+                next_embeds = lm.token_embeddings(next_ids[:, None])  # (B, 1, D)
+                next_embeds[index, 0] = value_embeds
+            num_rows.append(rows)
+            num_decoded.append(decoded)
 
         sequences = torch.cat([sequences, next_ids[:, None]], dim=1)  # (B, P + step + 1)
         mask = torch.cat([mask, (~finished).long()[:, None]], dim=1)
@@ -179,13 +190,27 @@ def generate_numeric(
     )
 
 
+def _num_rows(
+    next_ids: torch.Tensor, finished: torch.Tensor, num_id: int | None, pad_id: int
+) -> list[int]:
+    """The rows whose next token is [NUM], as a list (one transfer, no tensor ops): a finished
+    row feeds ``pad_id``, so it is never one unless ``pad_id == num_id``, then checked."""
+    if num_id is None:
+        return []
+    rows = [i for i, token in enumerate(next_ids.tolist()) if token == num_id]
+    if rows and pad_id == num_id:
+        done = finished.tolist()
+        rows = [i for i in rows if not done[i]]
+    return rows
+
+
 def _group_by_row(
-    rows: list[torch.Tensor], decoded: list[torch.Tensor], batch: int, device: torch.device
+    rows: list[list[int]], decoded: list[torch.Tensor], batch: int, device: torch.device
 ) -> list[torch.Tensor]:
     """Per-step (rows, values) -> one (K_b,) float64 tensor per row, in step order."""
     if not rows:
         return [torch.zeros(0, dtype=torch.float64, device=device) for _ in range(batch)]
-    row = torch.cat(rows)  # (K,) step-major
+    row = torch.tensor([r for step in rows for r in step], device=device)  # (K,) step-major
     value = torch.cat(decoded).double()  # (K,)
     order = torch.sort(row, stable=True).indices  # row-major, steps kept in order
     counts = torch.bincount(row, minlength=batch).tolist()

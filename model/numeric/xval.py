@@ -27,6 +27,8 @@ from torch.nn import functional as F
 
 __all__ = ["XValHead"]
 
+_FEW = 8  # up to this many CPU values are checked in Python
+
 
 class XValHead(nn.Module):
     """The xVal numeric head: implements ``NumericHead`` with ``name == "xval"``.
@@ -89,8 +91,9 @@ class XValHead(nn.Module):
         """(N, D) hidden states -> (N,) predicted ``u`` in the head's dtype (float32)."""
         if hidden.ndim != 2 or hidden.shape[1] != self.dim:
             raise ValueError(f"hidden must be (N, {self.dim}), got {tuple(hidden.shape)}")
-        out: torch.Tensor = self.number_head(hidden.to(self.num_embedding.dtype))  # (N, 1)
-        return out.squeeze(-1)
+        dtype = self.num_embedding.dtype
+        out: torch.Tensor = self.number_head(hidden if hidden.dtype == dtype else hidden.to(dtype))
+        return out.squeeze(-1)  # (N,)
 
     def loss(self, hidden: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states at [NUM] targets, (N,) true values -> scalar MSE in ``u`` units."""
@@ -111,6 +114,10 @@ def _check_values(values: torch.Tensor) -> torch.Tensor:
     if values.ndim != 1:
         raise ValueError(f"values must be 1-D (N,), got shape {tuple(values.shape)}")
     v = values.double()
-    if not bool(torch.isfinite(v).all()):
+    if v.shape[0] <= _FEW and v.is_cpu:  # e.g. generation's values: no tensor ops
+        finite = all(math.isfinite(x) for x in v.tolist())
+    else:
+        finite = bool(torch.isfinite(v).all())
+    if not finite:
         raise ValueError("values must be finite; drop NaN/inf before embedding them")
     return v

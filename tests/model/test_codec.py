@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 
 from model.numeric.codec import (
     DECODE_WORKSPACE_BYTES,
+    SMALL_BATCH,
+    DecodeMethod,
     RotaryNumberCodec,
     rotary_frequencies,
     rotate_blocks,
@@ -414,3 +417,177 @@ def test_cuda_matches_cpu() -> None:
         assert decoded.device.type == "cuda"
         assert torch.equal(decoded.cpu(), cpu.decode(hidden, method))  # type: ignore[arg-type]
     assert torch.allclose(gpu.encode(values.cuda()).cpu(), cpu.encode(values), atol=1e-6)
+
+
+# --- small batches on the CPU: the NumPy path ---------------------------------------------------
+
+
+METHODS: tuple[DecodeMethod, ...] = ("rnd", "corr")
+
+
+def torch_path(
+    codec: RotaryNumberCodec, hidden: torch.Tensor, method: DecodeMethod
+) -> torch.Tensor:
+    """``decode`` by the torch path: the rows padded past SMALL_BATCH (rows are independent)."""
+    pad = hidden.new_zeros(SMALL_BATCH + 1, hidden.shape[1])
+    return codec.decode(torch.cat((hidden, pad)), method)[: hidden.shape[0]]
+
+
+def host_path(codec: RotaryNumberCodec, hidden: torch.Tensor, method: DecodeMethod) -> torch.Tensor:
+    """The NumPy path itself, row by row (rows it cannot certify use the torch path's full
+    search); it must not turn any of these rows away to the whole torch path."""
+    assert codec._host is not None
+    out = [codec._host_decode(row[None], method) for row in hidden]
+    assert all(v is not None for v in out), "the NumPy path turned a row away"
+    return torch.cat([v for v in out if v is not None])
+
+
+def hard_inputs(codec: RotaryNumberCodec, seed: int) -> torch.Tensor:
+    """(R, D) float64 hidden states: encodings of random values and of both grid ends (the last
+    one alone in its cell) at SNRs from -15 to 40 dB, float32-rounded copies, pure noise, gain,
+    flipped, one block only, a single coordinate. Low SNRs and noise fail the certificate at
+    every dimension, so the full search runs too."""
+    generator = torch.Generator().manual_seed(seed)
+    n = codec.num_candidates
+    picks = torch.cat((torch.randint(0, n, (6,), generator=generator), torch.tensor([0, n - 1])))
+    clean = codec.encode(codec.candidates[picks]).double()  # (8, D)
+    one_block = torch.zeros(2, codec.dim, dtype=torch.float64)
+    one_block[0, :2], one_block[1, -2:] = torch.tensor([0.3, -1.1]), torch.tensor([2.0, 0.5])
+    coordinate = torch.zeros(1, codec.dim, dtype=torch.float64)
+    coordinate[0, codec.dim // 2] = 1.0
+    noisy = torch.cat([with_snr(clean, snr, generator) for snr in (-15, -5, 0, 10, 20, 40)])
+    return torch.cat(
+        [
+            noisy,
+            noisy[::5].float().double(),  # what a float32 model feeds
+            torch.randn(8, codec.dim, generator=generator, dtype=torch.float64),
+            3.7 * clean[:2],
+            -clean[:2],
+            one_block,
+            coordinate,
+        ]
+    )
+
+
+@pytest.mark.parametrize("dim", [8, 64, 256, 2048])
+def test_small_batch_path_equals_the_torch_path_and_brute_force(dim: int) -> None:
+    codec = RotaryNumberCodec(dim, seed=dim)
+    hidden = hard_inputs(codec, dim)  # (R, D)
+    alpha, beta = codec._alpha_beta(hidden)
+    certified = codec._corr_search(alpha, beta)[1]
+    assert bool(certified.any()) and not bool(certified.all())  # both corr branches run
+    expected = {
+        "corr": codec.candidates[brute_force_corr(codec, hidden)],
+        "rnd": codec.candidates[
+            (codec.grid_scores[None, :] - codec.score(hidden)[:, None]).abs().argmin(dim=-1)
+        ],
+    }
+    for method in METHODS:
+        fast = host_path(codec, hidden, method)
+        assert fast.dtype == torch.float64
+        assert torch.equal(fast, torch_path(codec, hidden, method)), method
+        assert torch.equal(fast, expected[method]), method
+        # through decode, in batches of SMALL_BATCH rows
+        batched = torch.cat([codec.decode(b, method) for b in hidden.split(SMALL_BATCH)])
+        assert torch.equal(batched, expected[method]), method
+
+
+def test_small_batch_path_runs_for_small_cpu_batches_only() -> None:
+    codec = RotaryNumberCodec(64)
+    values = codec.candidates[[5, 500, 5000, 25000]]
+    hidden = codec.encode(values)
+    with patch.object(codec, "_host_decode", wraps=codec._host_decode) as spy:
+        for method in METHODS:
+            assert torch.equal(codec.decode(hidden, method), values)
+        assert spy.call_count == 2
+        codec.decode(hidden.repeat(3, 1), "corr")  # 12 rows: the torch path
+        codec.decode(hidden[:0], "corr")  # no rows
+        assert spy.call_count == 2
+
+
+def test_small_batch_path_masks_the_partial_last_cell() -> None:
+    """The last cell of [0, 3000] step 0.1 holds one candidate (3000) and 49 points past hi; a
+    hidden state whose correlation peaks past hi makes one of those win the fine stage, and it
+    must be masked as in the torch path: the answer is the best candidate <= hi."""
+    codec = RotaryNumberCodec(64, seed=7)
+    wider = RotaryNumberCodec(64, seed=7, hi=3010.0)  # the same base vector, a longer grid
+    assert torch.equal(codec.x_base, wider.x_base)
+    hidden = wider.encode([3001.2, 3002.0, 3004.9]).double()  # peaks inside the last cell
+    generator = torch.Generator().manual_seed(7)
+    hidden = torch.cat((hidden, with_snr(hidden, 30.0, generator)))
+    expected = codec.candidates[brute_force_corr(codec, hidden)]
+    assert bool((expected <= 3000.0).all())
+    assert torch.equal(host_path(codec, hidden, "corr"), expected)
+    assert torch.equal(torch_path(codec, hidden, "corr"), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_small_batch_path_accepts_every_float_dtype_and_layout(dtype: torch.dtype) -> None:
+    codec = RotaryNumberCodec(128, seed=2)
+    generator = torch.Generator().manual_seed(2)
+    clean = codec.encode(codec.candidates[torch.randint(0, N_GRID, (6,), generator=generator)])
+    hidden = with_snr(clean, 10.0, generator).to(dtype)
+    strided = torch.stack((hidden, hidden), dim=1)[:, 1]  # rows 2 D apart
+    columns = hidden.T.contiguous().T  # column-major
+    grad = hidden.clone().requires_grad_(True)
+    for method in METHODS:
+        expected = torch_path(codec, hidden.double(), method)
+        for h in (hidden, strided, columns, grad):
+            assert torch.equal(codec.decode(h, method), expected), (method, h.stride())
+
+
+def test_small_batch_path_hands_edge_cases_to_the_torch_path() -> None:
+    """Zero, tiny and huge rows (normalised by the torch path) decode as the torch path does,
+    with no floating-point warnings (pytest turns them into errors); non-finite rows raise."""
+    codec = RotaryNumberCodec(64, seed=3)
+    clean = codec.encode([123.4, 2222.2]).double()
+    for hidden in (
+        torch.zeros(1, 64, dtype=torch.float64),
+        clean * 1e-200,
+        clean * 1e200,
+        torch.full((1, 64), 1e308, dtype=torch.float64),
+        torch.cat((clean, torch.zeros(1, 64, dtype=torch.float64))),  # one zero row among others
+    ):
+        for method in METHODS:
+            assert torch.equal(codec.decode(hidden, method), torch_path(codec, hidden, method))
+    assert codec.decode(clean * 1e-200, "corr").tolist() == [123.4, 2222.2]
+    assert codec.decode(clean * 1e200, "corr").tolist() == [123.4, 2222.2]
+    for bad in (float("nan"), float("inf")):
+        hidden = clean.clone()
+        hidden[1, 3] = bad
+        for method in METHODS:
+            with pytest.raises(ValueError, match=r"hidden\[1\] has non-finite"):
+                codec.decode(hidden, method)
+
+
+def test_small_batch_tables_follow_the_module() -> None:
+    """The NumPy tables are rebuilt with the torch tables: after a cast, a state-dict load and a
+    round trip through the meta device the fast path still matches the torch path."""
+    source = RotaryNumberCodec(96, seed=11)
+    codec = RotaryNumberCodec(96, seed=12)
+    generator = torch.Generator().manual_seed(11)
+    values = source.candidates[torch.randint(0, N_GRID, (5,), generator=generator)]
+    hidden = with_snr(source.encode(values).double(), 5.0, generator)
+
+    def check() -> None:
+        for method in METHODS:
+            assert torch.equal(host_path(codec, hidden, method), torch_path(codec, hidden, method))
+
+    codec.load_state_dict(source.state_dict())
+    check()
+    assert torch.equal(codec.decode(source.encode(values), "corr"), values)
+    codec = codec.double()
+    check()
+    codec = codec.to(torch.bfloat16)
+    check()
+    codec = codec.to("meta")
+    assert codec._host is None
+    codec = codec.to_empty(device="cpu")
+    codec.load_state_dict(source.state_dict())
+    check()
+    # memory: the NumPy path's own arrays are counted; views of the torch tables are not
+    assert codec._host is not None
+    owned = codec._host.nbytes()
+    assert 0 < owned < 2 * 2**20
+    x_bytes = codec.x_base.numel() * codec.x_base.element_size()
+    assert codec.cache_nbytes == codec._t.nbytes() + owned + x_bytes

@@ -608,3 +608,60 @@ def test_xval_head_learns_a_value() -> None:
         head.loss(hidden, target).backward()
         optimiser.step()
     assert float((head.decode(hidden) - target).abs().mean()) < 2.0
+
+
+# --- the [NUM] path of the loop ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", HEADS)
+def test_every_row_emitting_num_at_once(tiny_text_lm: Qwen2ForCausalLM, kind: str) -> None:
+    """Steps where every row emits [NUM] (then the loop looks up no token embeddings), with one
+    row and with three, match one full forward pass."""
+    head = make_head(kind)
+    lm = NumericLM(tiny_text_lm, head, NUM)
+    for rows in (TEXT_ROWS[:1], TEXT_ROWS[:3]):
+        ids, mask = left_pad(rows)
+
+        def process(
+            sequences: torch.Tensor, scores: torch.Tensor, p: int = ids.shape[1]
+        ) -> torch.Tensor:
+            scores[:, [NUM, EOS]] = float("-inf")
+            if sequences.shape[1] - p in (0, 2, 3):
+                scores[:, NUM] = 1e9
+            return scores
+
+        gen = lm.generate(
+            ids,
+            mask,
+            values(PROMPT_VALUES["text"][:2]),
+            max_new_tokens=5,
+            logits_processor=process,
+            output_logits=True,
+        )
+        assert (
+            gen.new_tokens[:, [0, 2, 3]].eq(NUM).all() and gen.new_tokens[:, [1, 4]].ne(NUM).all()
+        )
+        assert [len(v) for v in gen.values] == [3] * len(rows)
+        check_against_full_forward(lm, gen, head)
+
+
+def test_padding_with_the_num_id_is_not_decoded(tiny_text_lm: Qwen2ForCausalLM) -> None:
+    """A finished row feeds pad_id; when pad_id is [NUM]'s id that padding is not a [NUM]."""
+    spy = SpyHead(make_head("rned_rnd"))
+    lm = NumericLM(tiny_text_lm, spy, NUM)
+    ids, mask = left_pad([[BOS, 20, 21], [BOS, 30]])
+
+    def process(sequences: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = sequences.shape[1] - ids.shape[1]
+        scores[:, [NUM, EOS]] = float("-inf")
+        if step == 0:
+            scores[0, EOS] = 1e9  # row 0 stops at once
+        if step in (1, 2):
+            scores[1, NUM] = 1e9
+        return scores
+
+    gen = lm.generate(ids, mask, max_new_tokens=4, pad_token_id=NUM, logits_processor=process)
+    assert gen.new_tokens[0].tolist() == [EOS, NUM, NUM, NUM]  # padding, with [NUM]'s id
+    assert gen.new_tokens[1, 1:3].tolist() == [NUM, NUM]
+    assert spy.decode_sizes == [1, 1]  # row 1 only
+    assert [len(v) for v in gen.values] == [0, 2]
