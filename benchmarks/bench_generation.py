@@ -67,6 +67,7 @@ import torch
 import transformers
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.numeric.codec import RotaryNumberCodec
 from model.numeric.hf import NumericLM
 from model.numeric.protocol import NumericHead
@@ -80,43 +81,13 @@ SNR_DB = 20.0
 
 
 def tiny_model(hidden: int, layers: int) -> Qwen2_5_VLForConditionalGeneration:
-    head_dim = hidden // 4
-    third = head_dim // 2 // 3
-    config = Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": 300,
-            "hidden_size": hidden,
-            "intermediate_size": 2 * hidden,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 4096,
-            "initializer_range": 0.1,
-            "rope_parameters": {
-                "rope_type": "default",
-                "mrope_section": [head_dim // 2 - 2 * third, third, third],
-            },
-            "bos_token_id": BOS,
-            "eos_token_id": EOS,
-            "pad_token_id": PAD,
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": hidden,
-            "window_size": 56,
-            "fullatt_block_indexes": [0],
-        },
-        image_token_id=290,
-        video_token_id=291,
-        vision_start_token_id=292,
-        vision_end_token_id=293,
-        attn_implementation="sdpa",
+    kwargs = tiny_qwen2_5_vl_kwargs(
+        hidden_size=hidden,
+        num_layers=layers,
+        special_ids={"bos": BOS, "eos": EOS, "pad": PAD},
     )
     torch.manual_seed(0)
-    return Qwen2_5_VLForConditionalGeneration(config).eval()
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs)).eval()
 
 
 def timed(fn: Callable[[], object], inner: int = 1) -> float:

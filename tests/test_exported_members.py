@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ["app", "ingestion", "model", "model.numeric", "db"]
+PACKAGES = ["app", "ingestion", "model", "model.numeric", "model.circle_rope", "db"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -17,7 +17,7 @@ def test_all_names_resolve(name: str) -> None:
         assert getattr(module, member) is not None, f"{name}.{member}"
 
 
-LAZY_PACKAGES = ["ingestion", "model.numeric"]
+LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope"]
 
 
 @pytest.mark.parametrize("name", LAZY_PACKAGES)

@@ -99,7 +99,8 @@ def generate_numeric(
     """The loop behind ``NumericLM.generate``; inputs come from ``NumericLM.prepare_inputs``.
 
     ``input_ids`` / ``attention_mask`` (B, P) must be left-padded; ``inputs_embeds`` (B, P, D);
-    ``position_ids`` (B, P) or (3, B, P).
+    ``position_ids`` (B, P), or (3 G, B, P): G geometries of multimodal rope (t, h, w) rows, e.g.
+    Qwen2.5-VL's M-RoPE (G = 1) or M-RoPE and Circle-RoPE (G = 2, ``model.circle_rope``).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -167,10 +168,7 @@ def generate_numeric(
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
 
-        last = position_ids[..., -1:]  # (B, 1) or (3, B, 1)
-        if last.ndim == 3:  # multimodal rope: text continues after the largest component
-            last = last.amax(dim=0, keepdim=True).expand_as(last)
-        position_ids = last + 1
+        position_ids = _next_positions(position_ids)
         logits, hidden, cache = lm.run_model(
             next_embeds, mask, position_ids, past_key_values=cache, use_cache=True
         )
@@ -227,3 +225,16 @@ def _split_rows(
     counts = (input_ids == num_id).sum(dim=1).tolist()
     flat = num_values.reshape(-1).double().to(device)
     return list(flat.split(counts))
+
+
+def _next_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """The next token's positions: ``last + 1`` for 1-D positions; for (3 G, B, P) multimodal
+    positions, each geometry's text continues after the largest of its own (t, h, w)."""
+    last = position_ids[..., -1:]  # (B, 1) or (3 G, B, 1)
+    if last.ndim == 3:
+        rows, batch = last.shape[:2]
+        if rows % 3:
+            raise ValueError(f"multimodal position ids need 3 rows per geometry, got {rows}")
+        per_geometry = last.reshape(rows // 3, 3, batch, 1).amax(dim=1, keepdim=True)
+        last = per_geometry.expand(-1, 3, -1, -1).reshape(rows, batch, 1)
+    return last + 1

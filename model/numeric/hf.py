@@ -126,7 +126,7 @@ class NumericLM(nn.Module):
         image_grid_thw: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (B, L, D) input embeddings with [NUM] values and image features, and positions
-        ((B, L), or (3, B, L) for multimodal rope)."""
+        ((B, L), or (3 G, B, L) for multimodal rope with G geometries)."""
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and attention_mask must both be (B, L), got "
@@ -363,7 +363,7 @@ class _QwenVLBackbone(_TextBackbone):
         attention_mask: torch.Tensor,
         image_grid_thw: torch.Tensor | None,
     ) -> torch.Tensor:
-        """-> (3, B, L) temporal/height/width positions from the model's ``get_rope_index``."""
+        """-> (3 G, B, L) (t, h, w) positions per geometry from the model's ``get_rope_index``."""
         if image_grid_thw is None:
             text = super().positions(input_ids, attention_mask, None)  # (B, L)
             return text[None].expand(3, -1, -1)
@@ -374,7 +374,7 @@ class _QwenVLBackbone(_TextBackbone):
         if self._takes_token_types:  # transformers 5.x; 4.x finds image tokens from the ids
             kwargs["mm_token_type_ids"] = (input_ids == self.image_token_id).int()  # 1 image
         position_ids, _ = self._get_rope_index(input_ids, **kwargs)
-        return cast(torch.Tensor, position_ids)  # (3, B, L)
+        return cast(torch.Tensor, position_ids)  # (3 G, B, L)
 
     def merge_vision(
         self,

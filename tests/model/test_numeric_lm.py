@@ -25,6 +25,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.numeric.codec import RotaryNumberCodec
 from model.numeric.generation import NumericGeneration, select_next_token
 from model.numeric.hf import NumericLM
@@ -47,38 +48,21 @@ TOL = 1e-4
 def tiny_vl_config() -> Qwen2_5_VLConfig:
     """Hidden 64, 2 layers, 4 heads (2 kv), vision depth 1 / hidden 32 / patch 14 / merge 2."""
     return Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": VOCAB,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "initializer_range": 0.1,  # logits of order 1-10, so 1e-4 means something
-            # head_dim 16: the mrope sections split its 8 frequencies into t / h / w
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]},
-            "bos_token_id": BOS,
-            "eos_token_id": EOS,
-            "pad_token_id": PAD,
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": HIDDEN,
-            "window_size": 56,
-            "fullatt_block_indexes": [0],
-        },
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
-        attn_implementation=ATTN,
+        **tiny_qwen2_5_vl_kwargs(
+            hidden_size=HIDDEN,
+            vocab_size=VOCAB,
+            max_positions=512,
+            special_ids={
+                "bos": BOS,
+                "eos": EOS,
+                "pad": PAD,
+                "image": IMAGE,
+                "video": VIDEO,
+                "vision_start": VISION_START,
+                "vision_end": VISION_END,
+            },
+            attn_implementation=ATTN,
+        )
     )
 
 
