@@ -6,7 +6,15 @@ import importlib
 
 import pytest
 
-PACKAGES = ["app", "ingestion", "model", "model.numeric", "model.circle_rope", "db"]
+PACKAGES = [
+    "app",
+    "ingestion",
+    "model",
+    "model.numeric",
+    "model.circle_rope",
+    "model.measurer",
+    "db",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -17,7 +25,7 @@ def test_all_names_resolve(name: str) -> None:
         assert getattr(module, member) is not None, f"{name}.{member}"
 
 
-LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope"]
+LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope", "model.measurer"]
 
 
 @pytest.mark.parametrize("name", LAZY_PACKAGES)

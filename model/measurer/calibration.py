@@ -1,0 +1,158 @@
+"""Calibrated ranges: split-conformal intervals per measurement name.
+
+On held-out phantoms the measurer's values are compared with the truth. For each measurement
+name, with ``n`` held-out pairs and nominal coverage ``1 - a``, the score quantile
+``q = s_(k)``, ``k = ceil((n + 1)(1 - a))`` (the k-th smallest score) gives intervals that cover a
+new true value with probability >= 1 - a when the new case is exchangeable with the held-out ones
+(split conformal prediction). Two scores are fitted:
+
+- absolute: ``s = |y - y_hat|``, interval ``y_hat +- q`` (same width for every size);
+- size-adaptive: ``s = |y - y_hat| / max(y_hat, floor)``, interval ``y_hat +- q max(y_hat, floor)``
+  (wider for larger findings, where errors are larger).
+
+The adaptive score is used for a name when its mean width on the held-out set is smaller than the
+absolute one's (both have the same coverage guarantee); otherwise absolute. Lower bounds are
+clipped at 0 mm. With too few pairs for the requested coverage (``k > n``) there is no finite
+interval and fitting raises. The MAE the ranges rest on is stored with them ("MAE-calibrated").
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEFAULT_COVERAGE",
+    "Calibration",
+    "IntervalRule",
+    "ScoreKind",
+    "fit_calibration",
+]
+
+DEFAULT_COVERAGE = 0.90
+_FLOOR_MM = 1.0  # adaptive score: sizes below this count as this (no division by ~0)
+
+
+class ScoreKind(enum.StrEnum):
+    ABSOLUTE = "absolute"
+    ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    """The fitted interval of one measurement name."""
+
+    kind: ScoreKind
+    quantile: float  # q: mm (absolute) or a fraction of the value (adaptive)
+    floor_mm: float
+    coverage: float  # nominal
+    n: int  # held-out pairs it was fitted on
+    mae_mm: float  # mean absolute error on those pairs
+    empirical_coverage: float  # fraction of those pairs inside their interval
+    mean_width_mm: float
+
+    def interval(self, value_mm: float) -> tuple[float, float]:
+        """(low, high) around ``value_mm``; low clipped at 0."""
+        half = self.quantile * (max(value_mm, self.floor_mm) if self.kind == "adaptive" else 1.0)
+        return (max(0.0, value_mm - half), value_mm + half)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "quantile": self.quantile,
+            "floor_mm": self.floor_mm,
+            "coverage": self.coverage,
+            "n": self.n,
+            "mae_mm": self.mae_mm,
+            "empirical_coverage": self.empirical_coverage,
+            "mean_width_mm": self.mean_width_mm,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IntervalRule:
+        return cls(
+            kind=ScoreKind(data["kind"]),
+            quantile=float(data["quantile"]),
+            floor_mm=float(data["floor_mm"]),
+            coverage=float(data["coverage"]),
+            n=int(data["n"]),
+            mae_mm=float(data["mae_mm"]),
+            empirical_coverage=float(data["empirical_coverage"]),
+            mean_width_mm=float(data["mean_width_mm"]),
+        )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Interval rules by measurement name (saved with the checkpoint as JSON)."""
+
+    rules: Mapping[str, IntervalRule]
+
+    def interval(self, name: str, value_mm: float) -> tuple[float, float] | None:
+        """The calibrated range of a value, or None when ``name`` was never calibrated."""
+        rule = self.rules.get(str(name))
+        return None if rule is None else rule.interval(value_mm)
+
+    def coverage(self, name: str) -> float | None:
+        rule = self.rules.get(str(name))
+        return None if rule is None else rule.coverage
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: rule.to_json() for name, rule in sorted(self.rules.items())}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls({name: IntervalRule.from_json(rule) for name, rule in data.items()})
+
+
+def fit_calibration(
+    pairs: Iterable[tuple[str, float, float]],
+    coverage: float = DEFAULT_COVERAGE,
+    *,
+    floor_mm: float = _FLOOR_MM,
+) -> Calibration:
+    """Fit per-name rules from ``(name, predicted_mm, true_mm)`` held-out pairs.
+
+    Raises ValueError for a coverage outside (0, 1), non-finite values, or a name with too few
+    pairs for that coverage (``ceil((n + 1) coverage) > n``; e.g. 0.90 needs n >= 9).
+    """
+    if not 0 < coverage < 1:
+        raise ValueError(f"coverage must be in (0, 1), got {coverage}")
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for name, predicted, true in pairs:
+        if not (math.isfinite(predicted) and math.isfinite(true)):
+            raise ValueError(f"{name}: non-finite pair ({predicted}, {true})")
+        by_name.setdefault(str(name), []).append((float(predicted), float(true)))
+    return Calibration(
+        {name: _fit(name, values, coverage, floor_mm) for name, values in by_name.items()}
+    )
+
+
+def _fit(
+    name: str, pairs: list[tuple[float, float]], coverage: float, floor_mm: float
+) -> IntervalRule:
+    n = len(pairs)
+    k = math.ceil((n + 1) * coverage)
+    if k > n:
+        need = math.ceil(coverage / (1 - coverage))
+        raise ValueError(
+            f"{name}: {n} held-out values are too few for coverage {coverage:g} "
+            f"(need at least {need}); calibrate on more studies"
+        )
+    mae = sum(abs(t - p) for p, t in pairs) / n
+    candidates = []
+    for kind in ScoreKind:
+        scores = sorted(
+            abs(t - p) / (max(p, floor_mm) if kind == "adaptive" else 1.0) for p, t in pairs
+        )
+        q = scores[k - 1]
+        rule = IntervalRule(kind, q, floor_mm, coverage, n, mae, 0.0, 0.0)
+        intervals = [rule.interval(p) for p, _ in pairs]
+        inside = sum(lo <= t <= hi for (lo, hi), (_, t) in zip(intervals, pairs, strict=True))
+        width = sum(hi - lo for lo, hi in intervals) / n
+        candidates.append(IntervalRule(kind, q, floor_mm, coverage, n, mae, inside / n, width))
+    absolute, adaptive = candidates
+    return adaptive if adaptive.mean_width_mm < absolute.mean_width_mm else absolute

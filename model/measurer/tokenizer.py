@@ -1,0 +1,190 @@
+"""The default model's own tokenizer: a fixed word-level vocabulary for the task language.
+
+Built with the ``tokenizers`` library and wrapped as ``transformers.PreTrainedTokenizerFast``, so
+it saves with ``save_pretrained(dir)`` and loads with ``from_pretrained(dir)`` (or
+:func:`load_tokenizer`) without any download. Special tokens carry Qwen2.5-VL's names.
+
+Vocabulary (:data:`VOCAB`, ids fixed, size 54)
+-----------------------------------------------
+==========  =====================================================================
+ids         tokens
+==========  =====================================================================
+0, 1, 2     ``<|endoftext|>`` (pad), ``<|im_start|>`` (bos), ``<|im_end|>`` (eos)
+3, 4        ``[NUM]`` (one number, RNED), ``[UNK]`` (anything outside the vocabulary)
+5-14        the digits ``0`` ... ``9``
+15-24       ``.`` ``,`` ``;`` ``:`` ``[`` ``]`` ``(`` ``)`` ``x`` ``-``
+25-49       the words of the task language (``model.measurer.tasks``) and a few reserved
+            measurement words (``axis``, ``by``, ``diameter``, ``findings``, ``long``, ``of``,
+            ``short``), alphabetically
+50-53       ``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``
+==========  =====================================================================
+
+The vision tokens are the last four ids, which is what
+``model.backbone.tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB))`` assumes; :func:`special_ids`
+gives all the ids by name. Changing :data:`VOCAB` changes ids and so invalidates trained models.
+
+Encoding
+--------
+Special tokens and ``[NUM]`` are matched whole, case-sensitively, before anything else. The rest
+is lowercased, split on whitespace, each punctuation character is split off, and every digit is
+its own token (as in Qwen): ``"32.5 x 18 mm"`` -> ``3 2 . 5 x 1 8 mm`` and ``"32x18mm"`` gives
+the same tokens. A piece outside the vocabulary (``"aorta"``, ``"×"``) is one ``[UNK]``.
+``encode`` adds no bos / eos: the caller assembling the model input places them.
+
+Decoding
+--------
+``tokenizer.decode`` needs no helper: the decoder stored in ``tokenizer.json`` joins tokens with
+single spaces, then glues digits to digits, a ``.`` between digits to both, ``[`` and ``(`` to
+what follows, ``]`` ``)`` ``,`` ``.`` ``:`` to what precedes and a ``-`` to a following number.
+Every text of the task language thus round-trips exactly (``"[12, 40, 88, 101]"``,
+``"[[NUM], [NUM], [NUM], [NUM]]"``, ``"lesion 32.5 x 18 mm"``). What the tokens do not hold
+comes back canonical: case, newlines, spacing around punctuation, and the space between two
+numbers written side by side (``"3 5"`` decodes as ``"35"``; the task language never does that).
+Leave ``clean_up_tokenization_spaces`` off (the default of these tokenizers).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from model.numeric.text import NUM_TOKEN
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "IMAGE_PAD",
+    "NUM",
+    "PAD",
+    "UNK",
+    "VIDEO_PAD",
+    "VISION_END",
+    "VISION_START",
+    "VOCAB",
+    "build_tokenizer",
+    "load_tokenizer",
+    "special_ids",
+]
+
+PAD = "<|endoftext|>"
+BOS = "<|im_start|>"
+EOS = "<|im_end|>"
+NUM = NUM_TOKEN
+UNK = "[UNK]"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+
+_DIGITS = tuple("0123456789")
+_PUNCTUATION = (".", ",", ";", ":", "[", "]", "(", ")", "x", "-")
+_TASK_WORDS = (
+    "and", "at", "box", "end", "find", "image", "images", "in", "lesion", "lesions", "measure",
+    "mm", "none", "point", "slice", "the", "vessel", "vessels",
+)  # fmt: skip
+_RESERVED_WORDS = ("axis", "by", "diameter", "findings", "long", "of", "short")
+_VISION = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END)
+
+VOCAB: tuple[str, ...] = (
+    *(PAD, BOS, EOS, NUM, UNK),
+    *_DIGITS,
+    *_PUNCTUATION,
+    *sorted(_TASK_WORDS + _RESERVED_WORDS),
+    *_VISION,
+)
+"""Every token, at its id."""
+
+_SPECIAL_IDS = {
+    "bos": BOS,
+    "eos": EOS,
+    "pad": PAD,
+    "image": IMAGE_PAD,
+    "video": VIDEO_PAD,
+    "vision_start": VISION_START,
+    "vision_end": VISION_END,
+    "num": NUM,
+}
+
+# (pattern, replacement) applied in order to the space-joined tokens; see "Decoding" above
+_GLUE = (
+    (r"(?<=[0-9]) (?=[0-9])", ""),  # 3 2 -> 32
+    (r"(?<=[0-9]) \. (?=[0-9])", "."),  # 32 . 5 -> 32.5
+    (r"(?<=[\[(]) ", ""),  # [ 12 -> [12
+    (r" (?=[\]),.:])", ""),  # 101 ] -> 101], 12 , -> 12,
+    (r"(?<=-) (?=[0-9]|\[NUM\])", ""),  # - 3 -> -3
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The default model's tokenizer over :data:`VOCAB`; every call gives the same ids.
+
+    >>> tokenizer = build_tokenizer()
+    >>> tokenizer.convert_ids_to_tokens(tokenizer.encode("[NUM] x 18 mm"))
+    ['[NUM]', 'x', '1', '8', 'mm']
+    """
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=UNK))
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.WordPiece(prefix="##", cleanup=False),  # joins with spaces; no ## tokens
+            decoders.Fuse(),
+            *(decoders.Replace(Regex(pattern), by) for pattern, by in _GLUE),
+        ]
+    )
+    specials = (PAD, BOS, EOS, UNK, *_VISION)
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
+    # [NUM] is kept whole but is not "special": decode(skip_special_tokens=True) keeps it
+    backend.add_tokens([AddedToken(NUM, normalized=False, special=False)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        image_token=IMAGE_PAD,
+        video_token=VIDEO_PAD,
+        vision_start_token=VISION_START,
+        vision_end_token=VISION_END,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def load_tokenizer(directory: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
+    """A tokenizer saved with ``save_pretrained(directory)``, read locally (never downloaded)."""
+    path = Path(directory)
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(
+            f"no tokenizer.json in {str(path)!r}; save one there first, e.g. "
+            "build_tokenizer().save_pretrained(directory)"
+        )
+    tokenizer: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(
+        path, local_files_only=True
+    )
+    return tokenizer
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """Ids of the special tokens by role: the keys of ``tiny_qwen2_5_vl_kwargs(special_ids=)``.
+
+    Keys: ``bos``, ``eos``, ``pad``, ``image``, ``video``, ``vision_start``, ``vision_end`` and
+    ``num`` (the ``[NUM]`` token, ``NumericLM``'s ``num_token_id``). Raises ``ValueError``
+    naming the tokens a tokenizer lacks.
+    """
+    vocab = tokenizer.get_vocab()
+    missing = [token for token in _SPECIAL_IDS.values() if token not in vocab]
+    if missing:
+        raise ValueError(
+            f"tokenizer lacks the tokens {missing}; use build_tokenizer(), or add them to the "
+            "tokenizer (and resize the model's embeddings) first"
+        )
+    return {role: int(vocab[token]) for role, token in _SPECIAL_IDS.items()}
