@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.measurer.images import (
     AIR_HU,
+    CHANNELS,
     IMAGE_MEAN,
     IMAGE_STD,
     MERGE,
@@ -32,6 +34,7 @@ from model.measurer.images import (
     SIDE_MULTIPLE,
     TEMPORAL_PATCH,
     Crop,
+    contrast_channels,
     crop_around,
     find_images,
     find_slice_indices,
@@ -567,8 +570,8 @@ def test_find_slice_indices_spread_evenly(n_slices: int, num_slices: int) -> Non
     assert all(0 <= a < b < n_slices for a, b in itertools.pairwise(indices))
     if n_slices > 2 * num_slices:
         assert indices[0] > 0 and indices[-1] < n_slices - 1
-    part = n_slices / len(indices)  # slice i spans [i, i + 1): it holds its part's centre
-    assert all(i <= (k + 0.5) * part < i + 1 for k, i in enumerate(indices))
+    part = Fraction(n_slices, len(indices))  # slice i spans [i, i + 1): it holds its part's centre
+    assert all(i <= (k + Fraction(1, 2)) * part < i + 1 for k, i in enumerate(indices))
 
 
 def test_find_images_slices_and_mapping(prepared: PreparedVolume) -> None:
@@ -616,3 +619,41 @@ def test_find_images_rejects(prepared: PreparedVolume) -> None:
         config=PrepareConfig(pixel_mm=0.8, size=(224, 224), windows=(SOFT, LUNG)),
     )
     rejects(lambda: find_images(two, 4), "has 2 channels; the model takes 1 or 3")
+
+
+# -- channel encodings ----------------------------------------------------------------------------
+def test_contrast_channels_keep_brightness_through_qwen_patch_embedding() -> None:
+    """Why ``contrast_channels`` exists: with grey channels, uniform patches of different grey
+    levels reach the first block (patch embedding without bias, then RMSNorm) as one vector."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionPatchEmbed,
+        Qwen2_5_VLRMSNorm,
+    )
+
+    torch.manual_seed(0)
+    embed = Qwen2_5_VisionPatchEmbed(PATCH, TEMPORAL_PATCH, CHANNELS, 32)
+    norm = Qwen2_5_VLRMSNorm(32)
+    levels = torch.tensor([0.55, 0.7, 0.9])  # flat patches brighter than CLIP's mean
+    flat = levels.view(3, 1, 1, 1).expand(3, 1, 28, 28).contiguous()
+
+    def first_block_input(images: torch.Tensor) -> torch.Tensor:
+        pixel_values, _ = patchify(images)
+        with torch.no_grad():
+            return norm(embed(pixel_values))  # (patches, 32)
+
+    grey = first_block_input(flat)
+    contrast = first_block_input(contrast_channels(flat))
+    per_image = 4  # 28 x 28 -> 2 x 2 patches
+
+    def similarity(x: torch.Tensor) -> float:  # grey level 0.55 vs 0.9
+        return float(torch.nn.functional.cosine_similarity(x[0], x[-per_image], dim=0))
+
+    # grey: only CLIP's slightly different per-channel mean/std tell the levels apart
+    assert similarity(grey) > 0.95
+    assert similarity(contrast) < 0.8
+    images = contrast_channels(torch.rand(2, 1, 28, 56))
+    assert images.shape == (2, 3, 28, 56)
+    torch.testing.assert_close(images[:, 1], 1 - images[:, 0])
+    assert bool((images[:, 2] == 0.5).all())
+    with pytest.raises(ValueError, match="one-window"):
+        contrast_channels(torch.rand(2, 3, 28, 28))
