@@ -82,10 +82,13 @@ rebuilt on ``_apply`` and state-dict loads, and absent off the CPU) and a few de
   one (34 KiB at d = 64). One ``argpartition`` gives the Q cells and the (Q+1)-th bound; the fine
   stage is one (Q, 2J) @ (2J, G) matmul on the Q cells' start phasors (a (cells, J) table up to
   4 MiB, i.e. d <= ~870 at the default grid, else factorised like the centres). Same bound,
-  margin and Q, hence the same certificate; the rows it fails go to the same factorised full
-  search, one (K, 2J) @ (2J, C) matmul per row. Complex arrays meet real tables through their
-  float64 view (real and imaginary parts interleaved) and tables whose rows alternate
-  ``Re K_j, -Im K_j``, as ``Re(P K) = Re P Re K - Im P Im K``: no copies in between.
+  margin and Q, hence the same certificate. A row it fails is not sent to the full search:
+  the other cells are refined in order of decreasing bound, 32 at a time, until the best
+  correlation found beats every bound left; cells never refined are then bounded below it, so
+  the result is the full-grid argmax, at a cost set by how many cells could hold it (a few
+  dozen for an untrained model's states instead of all 601). Complex arrays meet real tables
+  through their float64 view (real and imaginary parts interleaved) and tables whose rows
+  alternate ``Re K_j, -Im K_j``, as ``Re(P K) = Re P Re K - Im P Im K``: no copies in between.
 - The torch path first divides ``h`` by ``max_i |h_i|``. The argmax and the margin are
   scale-free, so the NumPy path skips that and hands the torch path what it could not process
   as safely: non-finite entries (the torch path raises the error), peaks that could overflow a
@@ -159,6 +162,7 @@ _COARSE_STARTS = 8  # small-batch path: A, rows of the factorised coarse stage
 _HOST_RANGE = 1e150  # small-batch path: D max|h_i| max(|x_i|, |u_i|) < R, sum_j r_j > 1/R
 _NUMPY_PRODUCT = 1 << 19  # small-batch path: larger matrix products go through torch (_dot)
 _HOST_MAX_DIM = 8192  # small-batch path up to this D (beyond, even RND's product is threaded)
+_EXTRA_CELLS = 32  # small-batch path: cells refined per round once the certificate fails
 
 #: ``decode`` of at most this many rows, on the CPU, runs the NumPy small-batch path.
 SMALL_BATCH = 8
@@ -470,10 +474,34 @@ def _host_full(f: _HostTables, hc: _C128) -> int:
     return int(scores.ravel()[: f.candidates.shape[0]].argmax())
 
 
-def _host_cells(f: _HostTables, hc: _C128, constant: float, total: float) -> int | None:
-    """``_coarse_to_fine`` for one row, ``hc`` (J,) its complex view: the fine winner's index if
-    certified, else None. ``constant`` is the bound's ``sum_H r_j + hw^2 / 2 sum_L w_j^2 r_j``,
-    ``total`` the margin's unit ``sum_j r_j``."""
+def _host_cell_scores(f: _HostTables, hc: _C128, cells: _I64) -> _F64:
+    """Correlations at every candidate of ``cells`` (k,): (k G,) in cell order, candidates past
+    ``hi`` (the last cell may be partial) at -inf."""
+    if f.cell_offset is None:
+        phase = f.cell_phase.take(cells, axis=0)  # (k, J) xbar_j e^{-i start_q w_j}
+    else:
+        a_index, b_index = np.divmod(cells, f.cell_offset.shape[0])
+        phase = f.cell_phase.take(a_index, axis=0) * f.cell_offset.take(b_index, axis=0)
+    scores = _dot((hc * phase).view(np.float64), f.fine_table).ravel()  # (k G)
+    cell, n = f.fine_table.shape[1], f.candidates.shape[0]
+    if int(cells.max()) * cell + cell > n:  # a partial last cell: mask the points past hi
+        scores[(cells[:, None] * cell + np.arange(cell)).ravel() >= n] = -np.inf
+    return scores
+
+
+def _host_cells(f: _HostTables, hc: _C128, constant: float, total: float) -> int:
+    """``_coarse_to_fine`` for one row, ``hc`` (J,) its complex view, made exact by refining
+    more cells: the full-grid argmax. ``constant`` is the bound's ``sum_H r_j + hw^2 / 2
+    sum_L w_j^2 r_j``, ``total`` the margin's unit ``sum_j r_j``.
+
+    The Q cells with the largest bounds are refined first; when the best of them does not beat
+    the (Q+1)-th bound (the certificate of the torch path), the other cells follow in order of
+    decreasing bound, ``_EXTRA_CELLS`` at a time, until the best correlation found beats the
+    largest bound left (or no cell is left). Every cell not refined then has a bound, hence a
+    maximum, below the best: the result is the full-grid argmax, as the full search's, at a
+    cost that grows with how many cells could hold it (a few dozen for an untrained model's
+    hidden states instead of all of them).
+    """
     cell, top = f.fine_table.shape[1], _TOP_CELLS
     # coarse: c_L +- hw c_L' at every centre, (2A, 2L) @ (2L, B) -> (2A, B)
     coarse = _dot((hc[f.split :] * f.coarse_start).view(np.float64), f.coarse_offset)
@@ -481,21 +509,24 @@ def _host_cells(f: _HostTables, hc: _C128, constant: float, total: float) -> int
     upper = np.maximum(coarse[:a], coarse[a:]).ravel()[: f.cells]  # c_L + hw |c_L'|
     order = upper.argpartition(-(top + 1))  # (cells,) the Q + 1 largest bounds last
     cells = order[-top:]  # (Q,) the refined cells, any order
-    if f.cell_offset is None:
-        phase = f.cell_phase.take(cells, axis=0)  # (Q, J) xbar_j e^{-i start_q w_j}
-    else:
-        a_index, b_index = np.divmod(cells, f.cell_offset.shape[0])
-        phase = f.cell_phase.take(a_index, axis=0) * f.cell_offset.take(b_index, axis=0)
-    scores = _dot((hc * phase).view(np.float64), f.fine_table).ravel()  # (Q G)
+    scores = _host_cell_scores(f, hc, cells)
     best = int(scores.argmax())
-    index = int(cells[best // cell]) * cell + best % cell
-    n = f.candidates.shape[0]
-    if index >= n:  # a point past hi (the last cell is partial) won: mask those, again
-        scores[(cells[:, None] * cell + np.arange(cell)).ravel() >= n] = -np.inf
+    index: int = int(cells[best // cell]) * cell + best % cell
+    value = float(scores[best])
+    margin = _MARGIN * total
+    if float(upper[order[-(top + 1)]]) + constant < value - margin:
+        return index  # certified, as in the torch path
+    rest = order[:-top]
+    rest = rest[np.argsort(-upper[rest], kind="stable")]  # unrefined cells, largest bound first
+    for start in range(0, rest.shape[0], _EXTRA_CELLS):
+        chunk = rest[start : start + _EXTRA_CELLS]
+        if float(upper[chunk[0]]) + constant < value - margin:
+            break  # every cell left is bounded below the best
+        scores = _host_cell_scores(f, hc, chunk)
         best = int(scores.argmax())
-        index = int(cells[best // cell]) * cell + best % cell
-    kth = float(upper[order[-(top + 1)]]) + constant  # the (Q+1)-th largest bound
-    return index if kth < float(scores[best]) - _MARGIN * total else None
+        if float(scores[best]) > value:
+            index, value = int(chunk[best // cell]) * cell + best % cell, float(scores[best])
+    return index
 
 
 class RotaryNumberCodec(nn.Module):
@@ -775,11 +806,10 @@ class RotaryNumberCodec(nn.Module):
             constant, total = np.dot(np.abs(row), f.bound_weights).tolist()
             if not total > f.min_total:
                 return None
-            found = _host_cells(f, row, constant, total) if f.cells else None
-            if found is None:
-                rest.append(i)
+            if f.cells:
+                index[i] = _host_cells(f, row, constant, total)
             else:
-                index[i] = found
+                rest.append(i)
         for i in rest:
             index[i] = _host_full(f, hc[i])
         return torch.from_numpy(f.candidates.take(index))
