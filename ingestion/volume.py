@@ -26,6 +26,7 @@ class SourceFormat(enum.StrEnum):
 
     DICOM = "dicom"
     NIFTI = "nifti"
+    SYNTHETIC = "synthetic"  # built in memory (a phantom), not read from a file
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The measurer: results and calibration, task texts, tokenizer and model image inputs.
+"""The measurer: results and calibration, task texts, tokenizer, image inputs and batches.
 
 Names are served lazily (PEP 562): ``model.measurer.tasks`` is pure Python and must not pay for
 importing transformers.
@@ -17,6 +17,17 @@ if TYPE_CHECKING:
         IntervalRule,
         ScoreKind,
         fit_calibration,
+    )
+    from model.measurer.data import (
+        Batch,
+        EncodedExample,
+        MeasureExample,
+        MeasureInputs,
+        collate,
+        encode_example,
+        measure_example,
+        phantom_examples,
+        phantom_volume,
     )
     from model.measurer.images import (
         AIR_HU,
@@ -91,6 +102,17 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "IntervalRule",
         "ScoreKind",
         "fit_calibration",
+    ),
+    "model.measurer.data": (
+        "Batch",
+        "EncodedExample",
+        "MeasureExample",
+        "MeasureInputs",
+        "collate",
+        "encode_example",
+        "measure_example",
+        "phantom_examples",
+        "phantom_volume",
     ),
     "model.measurer.images": (
         "AIR_HU",
@@ -178,13 +200,17 @@ __all__ = [
     "VISION_END",
     "VISION_START",
     "VOCAB",
+    "Batch",
     "Calibration",
     "Crop",
+    "EncodedExample",
     "FindImages",
     "FindingKind",
     "FoundFinding",
     "IntervalRule",
     "MeasureAnswer",
+    "MeasureExample",
+    "MeasureInputs",
     "Measurement",
     "MeasurementName",
     "Measurer",
@@ -196,8 +222,10 @@ __all__ = [
     "StudyFinding",
     "StudyResult",
     "build_tokenizer",
+    "collate",
     "contrast_channels",
     "crop_around",
+    "encode_example",
     "find_answer",
     "find_images",
     "find_prompt",
@@ -206,12 +234,15 @@ __all__ = [
     "image_token_count",
     "load_tokenizer",
     "measure_answer",
+    "measure_example",
     "measure_prompt",
     "parse_find",
     "parse_measure",
     "parse_point",
     "patchify",
     "patchify_frames",
+    "phantom_examples",
+    "phantom_volume",
     "point_answer",
     "point_prompt",
     "renumber",

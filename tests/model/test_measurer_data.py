@@ -1,0 +1,148 @@
+"""Measure-task inputs (model.measurer.data): phantom crops, tokens, batches, and one training
+step of the real tiny Circle-RoPE Qwen2.5-VL with the RNED head on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ingestion.phantoms import Phantom, generate_phantom
+from ingestion.volume import SourceFormat
+from model.backbone import tiny_qwen2_5_vl_kwargs
+from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
+from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+from model.measurer.data import (
+    IGNORE,
+    MeasureInputs,
+    collate,
+    encode_example,
+    phantom_examples,
+    phantom_volume,
+)
+from model.measurer.images import image_token_count
+from model.measurer.results import FindingKind
+from model.measurer.tasks import parse_measure, with_values
+from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.numeric.codec import RotaryNumberCodec
+from model.numeric.hf import NumericLM
+from model.numeric.rned_head import RnedHead
+
+INPUTS = MeasureInputs(pixel_mm=1.5, size=56, jitter_mm=0.0)  # small and fast
+
+
+@pytest.fixture(scope="module")
+def phantom() -> Phantom:
+    return generate_phantom(11)
+
+
+def test_phantom_volume_is_the_phantom(phantom: Phantom) -> None:
+    volume = phantom_volume(phantom)
+    assert volume.source_format == SourceFormat.SYNTHETIC
+    assert np.array_equal(volume.voxels, phantom.hu.astype(np.float32))
+    assert volume.geometry == phantom.geometry
+    assert volume.identifiers.patient_id == phantom.patient_id
+    assert volume.identifiers.sop_instance_uids == tuple(phantom.sop_instance_uids)
+
+
+def test_examples_carry_the_truth_and_a_centred_finding(phantom: Phantom) -> None:
+    examples = phantom_examples(phantom, INPUTS, np.random.default_rng(0))
+    assert len(examples) == len(phantom.findings)
+    for example, finding in zip(examples, phantom.findings, strict=True):
+        assert example.kind == FindingKind(finding.kind)
+        assert example.images.shape == (1, 3, 56, 56)
+        assert example.answer is not None
+        parsed = parse_measure(example.answer, example.kind)
+        assert parsed.success
+        truth = (
+            (finding.long_axis_mm, finding.short_axis_mm)
+            if finding.kind == "lesion"
+            else (finding.diameter_mm,)
+        )
+        assert parsed.values == pytest.approx(truth, abs=0.05)
+        # the finding differs from its surroundings at the centre of the crop (contrast channel 0)
+        image = example.images[0, 0]
+        centre, corner = float(image[26:30, 26:30].mean()), float(image[:4, :4].mean())
+        assert abs(centre - corner) > 0.05
+
+
+def test_jitter_moves_the_crop_and_is_seeded(phantom: Phantom) -> None:
+    jittered = MeasureInputs(pixel_mm=1.5, size=56, jitter_mm=6.0)
+    a = phantom_examples(phantom, jittered, np.random.default_rng(3))
+    b = phantom_examples(phantom, jittered, np.random.default_rng(3))
+    c = phantom_examples(phantom, INPUTS, np.random.default_rng(3))
+    assert all(torch.equal(x.images, y.images) for x, y in zip(a, b, strict=True))
+    assert any(not torch.equal(x.images, y.images) for x, y in zip(a, c, strict=True))
+
+
+@pytest.mark.parametrize("numeric", [True, False], ids=["num-tokens", "standard-tokens"])
+def test_encoding_and_collate(phantom: Phantom, numeric: bool) -> None:
+    tokenizer = build_tokenizer()
+    ids = special_ids(tokenizer)
+    examples = phantom_examples(phantom, INPUTS, np.random.default_rng(0))
+    encoded = [encode_example(e, tokenizer, numeric=numeric) for e in examples]
+    for e, example in zip(encoded, examples, strict=True):
+        assert e.input_ids.count(ids["image"]) == image_token_count(e.image_grid_thw)
+        answer = [t for t, label in zip(e.input_ids, e.labels, strict=True) if label != IGNORE]
+        assert answer[-1] == ids["eos"]
+        text = tokenizer.decode(answer[:-1]).strip()
+        if numeric:
+            assert answer.count(ids["num"]) == len(e.num_values) > 0
+            text = with_values(text, e.num_values)
+        else:
+            assert ids["num"] not in answer and e.num_values == ()
+        assert (
+            parse_measure(text, example.kind).values
+            == parse_measure(example.answer or "", example.kind).values
+        )
+    batch = collate(encoded, ids["pad"])
+    lengths = [len(e.input_ids) for e in encoded]
+    assert batch.input_ids.shape == (len(encoded), max(lengths))
+    assert batch.attention_mask.sum(dim=1).tolist() == lengths
+    assert bool(batch.attention_mask[:, -1].all())  # left padded
+    assert batch.num_values.tolist() == [v for e in encoded for v in e.num_values]
+    assert batch.image_grid_thw.shape == (len(encoded), 3)
+    with pytest.raises(ValueError, match="at least one"):
+        collate([], 0)
+
+
+def test_a_training_step_on_the_real_tiny_model(phantom: Phantom) -> None:
+    """The batch drives NumericLM on the Circle-RoPE model: finite loss at the [NUM] targets,
+    gradients reach the vision tower."""
+    tokenizer = build_tokenizer()
+    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=special_ids(tokenizer))
+    torch.manual_seed(0)
+    model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
+    codec = RotaryNumberCodec(64, hi=300.0, scale=0.1)
+    lm = NumericLM(
+        model, RnedHead(codec, loss_options={"sigma": 3.0}), special_ids(tokenizer)["num"]
+    )
+    examples = phantom_examples(phantom, INPUTS, np.random.default_rng(0))
+    batch = collate([encode_example(e, tokenizer) for e in examples], special_ids(tokenizer)["pad"])
+    out = lm(
+        batch.input_ids,
+        batch.attention_mask,
+        batch.num_values,
+        labels=batch.labels,
+        pixel_values=batch.pixel_values,
+        image_grid_thw=batch.image_grid_thw,
+    )
+    assert out.loss is not None and torch.isfinite(out.loss)
+    assert out.num_hidden.shape[0] == batch.num_values.shape[0]
+    out.loss.backward()
+    patch_embed = model.model.visual.patch_embed.proj.weight
+    assert patch_embed.grad is not None and float(patch_embed.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pixel_mm": 0.0}, "pixel_mm"),
+        ({"size": 50}, "multiple of 28"),
+        ({"frames": 0}, "frames"),
+        ({"jitter_mm": -1.0}, "jitter_mm"),
+    ],
+)
+def test_bad_inputs_settings(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MeasureInputs(**kwargs)
