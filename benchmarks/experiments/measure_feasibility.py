@@ -11,7 +11,8 @@ Usage:
   python benchmarks/experiments/measure_feasibility.py HIDDEN LAYERS STEPS VISION_HIDDEN HEAD LR
   HEAD: softmax | cosine | score_mse (RNED, correlation decoder) or xval
   environment: KIND=all|lesion|vessel, CHAN=inv (contrast channels (w, 1-w, 0.5); else grey),
-  SIGMA (softmax label width, mm), CHI (codec hi), XHI (xVal hi), INIT (initializer range),
+  SIGMA (softmax label width, mm; SIGMA_END: anneal to it linearly), CHI (codec hi),
+  XHI (xVal hi), INIT (initializer range),
   EVAL (steps between evaluations), CACHE (data cache file, default /tmp/radcaliper_feasibility.pt;
   delete it when changing WIN or NPH), WIN (window width in HU around level 40, default 400),
   NPH (training phantoms, seeds 1000.., default 2000)
@@ -125,24 +126,24 @@ t0 = time.time()
 CACHE = os.environ.get("CACHE", "/tmp/radcaliper_feasibility.pt")
 if os.path.exists(CACHE):
     train, test = torch.load(CACHE, weights_only=False)
-    if os.environ.get("CHAN") == "inv":
-
-        def fix(pix):
-            p = pix.reshape(pix.shape[0], 3, 2 * 14 * 14).clone()
-            p[:, 1] = 1 - p[:, 0]
-            p[:, 2] = 0.5
-            return p.reshape(pix.shape[0], -1)
-
-        train = [(fix(a), b, c, d) for a, b, c, d in train]
-        test = [(fix(a), b, c, d) for a, b, c, d in test]
-    if KIND != "all":
-        n = 1 if KIND == "vessel" else 2
-        train = [t for t in train if len(t[3]) == n]
-        test = [t for t in test if len(t[3]) == n]
-else:
+else:  # the cache holds grey crops of every kind; channels and kinds are chosen below
     train = make_set(range(1000, 1000 + int(os.environ.get("NPH", "2000"))), rng)
     test = make_set(range(90000, 90060), np.random.default_rng(1))
     torch.save((train, test), CACHE)
+if os.environ.get("CHAN") == "inv":
+
+    def fix(pix):
+        p = pix.reshape(pix.shape[0], 3, 2 * 14 * 14).clone()
+        p[:, 1] = 1 - p[:, 0]
+        p[:, 2] = 0.5
+        return p.reshape(pix.shape[0], -1)
+
+    train = [(fix(a), b, c, d) for a, b, c, d in train]
+    test = [(fix(a), b, c, d) for a, b, c, d in test]
+if KIND != "all":
+    n = 1 if KIND == "vessel" else 2
+    train = [t for t in train if len(t[3]) == n]
+    test = [t for t in test if len(t[3]) == n]
 print(f"data {len(train)} train {len(test)} test in {time.time() - t0:.1f}s", flush=True)
 torch.manual_seed(0)
 cfg = CircleRopeQwen2_5_VLConfig(circle_rope_strategy="alternate", **kw)
@@ -199,6 +200,9 @@ for step in range(STEPS):
     idx = rng.integers(0, len(train), B)
     ids, mask, labels, vals, pix, grid = collate([train[i] for i in idx])
     lam = min(1.0, step / (0.2 * STEPS)) * 1.0
+    if "SIGMA_END" in os.environ and HEAD == "softmax":  # anneal the label width linearly
+        s0, s1 = float(os.environ["SIGMA"]), float(os.environ["SIGMA_END"])
+        head.loss_options["sigma"] = s0 + (s1 - s0) * step / max(1, STEPS - 1)
     out = lm(ids, mask, vals, labels=labels, lambda_=lam, pixel_values=pix, image_grid_thw=grid)
     opt.zero_grad()
     out.loss.backward()
