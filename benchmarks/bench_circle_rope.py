@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import os
 import platform
 import shlex
 import statistics
@@ -64,6 +63,8 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _machine import load, machine
+
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
 from model.circle_rope.positions import circle_rope_position_ids, multimodal_position_ids
@@ -75,28 +76,6 @@ GRID = (1, 16, 16)  # pre-merge (t, h, w) of every image
 MERGE = 2
 PADS = (0, 3, 0, 5, 0, 2, 0, 7)  # left padding of the batch-8 rows
 ALPHA, RADIUS = 0.5, 10.0
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{model}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}, "
-        f"{platform.system()} {platform.release()}"
-    )
-
-
-def load() -> str:
-    try:
-        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 def image_tokens() -> int:

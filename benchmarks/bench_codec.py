@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import platform
 import shlex
 import statistics
@@ -44,6 +43,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _machine import load, machine
 
 from model.numeric.codec import RotaryNumberCodec, rotate_blocks
 from model.numeric.losses import (
@@ -60,28 +61,6 @@ NOTES_RND = {
 }
 NOTES_CORR = {"bf16": 0.00, 40: 0.00, 30: 0.00, 20: 0.00, 10: 0.02}
 CONDITIONS: list[str | int] = ["bf16", 40, 30, 20, 10]
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{model}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}, "
-        f"{platform.system()} {platform.release()}"
-    )
-
-
-def load() -> str:
-    try:
-        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 def noisy(clean: torch.Tensor, condition: str | int, generator: torch.Generator) -> torch.Tensor:
