@@ -1,4 +1,4 @@
-"""The measurer: results and calibration, task texts, tokenizer, image inputs and batches.
+"""The measurer: results and calibration, task texts, tokenizer, image inputs, batches, checkpoints.
 
 Names are served lazily (PEP 562): ``model.measurer.tasks`` is pure Python and must not pay for
 importing transformers.
@@ -17,6 +17,15 @@ if TYPE_CHECKING:
         IntervalRule,
         ScoreKind,
         fit_calibration,
+    )
+    from model.measurer.checkpoint import (
+        SETTINGS_NAME,
+        LoadedMeasurer,
+        MeasurerSettings,
+        NumericMode,
+        build_head,
+        load_checkpoint,
+        save_checkpoint,
     )
     from model.measurer.data import (
         Batch,
@@ -102,6 +111,15 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "IntervalRule",
         "ScoreKind",
         "fit_calibration",
+    ),
+    "model.measurer.checkpoint": (
+        "SETTINGS_NAME",
+        "LoadedMeasurer",
+        "MeasurerSettings",
+        "NumericMode",
+        "build_head",
+        "load_checkpoint",
+        "save_checkpoint",
     ),
     "model.measurer.data": (
         "Batch",
@@ -193,6 +211,7 @@ __all__ = [
     "NUM",
     "PAD",
     "PATCH",
+    "SETTINGS_NAME",
     "SIDE_MULTIPLE",
     "TEMPORAL_PATCH",
     "UNK",
@@ -208,19 +227,23 @@ __all__ = [
     "FindingKind",
     "FoundFinding",
     "IntervalRule",
+    "LoadedMeasurer",
     "MeasureAnswer",
     "MeasureExample",
     "MeasureInputs",
     "Measurement",
     "MeasurementName",
     "Measurer",
+    "MeasurerSettings",
     "ModelInfo",
+    "NumericMode",
     "ParsedFind",
     "ParsedMeasure",
     "ParsedPoint",
     "ScoreKind",
     "StudyFinding",
     "StudyResult",
+    "build_head",
     "build_tokenizer",
     "collate",
     "contrast_channels",
@@ -232,6 +255,7 @@ __all__ = [
     "find_slice_indices",
     "fit_calibration",
     "image_token_count",
+    "load_checkpoint",
     "load_tokenizer",
     "measure_answer",
     "measure_example",
@@ -246,6 +270,7 @@ __all__ = [
     "point_answer",
     "point_prompt",
     "renumber",
+    "save_checkpoint",
     "special_ids",
     "with_values",
 ]

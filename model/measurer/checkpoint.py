@@ -1,0 +1,201 @@
+"""A measurer checkpoint: one local directory with everything inference needs.
+
+Layout::
+
+    DIR/config.json, DIR/model.safetensors      the Circle-RoPE Qwen2.5-VL (save_pretrained)
+    DIR/numeric_head.safetensors                the numeric head's state (RNED codec / xVal)
+    DIR/tokenizer.json, ...                     the tokenizer (save_pretrained)
+    DIR/radcaliper.json                         MeasurerSettings: name, version, numeric mode,
+                                                head and input settings, calibration
+
+Nothing is downloaded: loading reads only ``DIR`` (``local_files_only``). A directory that is not
+a measurer checkpoint raises ``ModelError`` naming the missing file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ingestion.errors import ModelError
+from model.measurer.calibration import Calibration
+from model.measurer.data import MeasureInputs
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+    from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+    from model.numeric.protocol import NumericHead
+
+__all__ = [
+    "SETTINGS_NAME",
+    "LoadedMeasurer",
+    "MeasurerSettings",
+    "NumericMode",
+    "build_head",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+SETTINGS_NAME = "radcaliper.json"
+HEAD_NAME = "numeric_head.safetensors"
+FORMAT_VERSION = 1
+
+
+class NumericMode(enum.StrEnum):
+    """How numbers travel through the model (issue 3's heads)."""
+
+    RNED_CORR = "rned_corr"  # RNED, correlation decoder
+    RNED_RND = "rned_rnd"  # RNED, the paper's score-matching decoder
+    XVAL = "xval"
+    STANDARD = "standard_tokens"  # numbers as digits, no head
+
+
+@dataclass(frozen=True)
+class MeasurerSettings:
+    """What a checkpoint is and how to feed it (``radcaliper.json``)."""
+
+    name: str
+    version: str
+    numeric_mode: NumericMode
+    measure_inputs: MeasureInputs = field(default_factory=MeasureInputs)
+    head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
+    calibration: Calibration | None = None
+    not_for_clinical_use: bool = True
+    training: Mapping[str, Any] = field(default_factory=dict)  # command, seed, data: provenance
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
+        if not self.name or not self.version:
+            raise ValueError("a measurer needs a name and a version")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "numeric_mode": self.numeric_mode.value,
+            "measure_inputs": dataclasses.asdict(self.measure_inputs),
+            "head": dict(self.head),
+            "calibration": None if self.calibration is None else self.calibration.to_json(),
+            "not_for_clinical_use": self.not_for_clinical_use,
+            "training": dict(self.training),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MeasurerSettings:
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"radcaliper.json format_version {version!r} is not {FORMAT_VERSION}; "
+                "this radcaliper cannot read that checkpoint"
+            )
+        inputs = dict(data["measure_inputs"])
+        inputs["window"] = tuple(inputs["window"])
+        calibration = data.get("calibration")
+        return cls(
+            name=str(data["name"]),
+            version=str(data["version"]),
+            numeric_mode=NumericMode(data["numeric_mode"]),
+            measure_inputs=MeasureInputs(**inputs),
+            head=dict(data.get("head", {})),
+            calibration=None if calibration is None else Calibration.from_json(calibration),
+            not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),
+            training=dict(data.get("training", {})),
+        )
+
+
+def build_head(mode: NumericMode | str, dim: int, options: Mapping[str, Any]) -> NumericHead | None:
+    """A fresh head of ``mode`` for hidden size ``dim`` (None for standard tokens).
+
+    ``options``: RNED: ``RotaryNumberCodec`` keywords (``hi``, ``base``, ``scale``, ...) plus
+    ``loss`` / ``loss_options`` for ``RnedHead``; xVal: ``XValHead`` keywords.
+    """
+    mode = NumericMode(mode)
+    if mode == NumericMode.STANDARD:
+        return None
+    if mode == NumericMode.XVAL:
+        from model.numeric.xval import XValHead
+
+        return XValHead(dim, **options)
+    from model.numeric.codec import RotaryNumberCodec
+    from model.numeric.rned_head import RnedHead
+
+    codec_options = {k: v for k, v in options.items() if k not in ("loss", "loss_options")}
+    return RnedHead(
+        RotaryNumberCodec(dim, **codec_options),
+        method="corr" if mode == NumericMode.RNED_CORR else "rnd",
+        loss=options.get("loss"),
+        loss_options=options.get("loss_options"),
+    )
+
+
+@dataclass(frozen=True)
+class LoadedMeasurer:
+    """A checkpoint in memory."""
+
+    model: CircleRopeQwen2_5_VLForConditionalGeneration
+    head: NumericHead | None
+    tokenizer: PreTrainedTokenizerBase
+    settings: MeasurerSettings
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: CircleRopeQwen2_5_VLForConditionalGeneration,
+    head: NumericHead | None,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: MeasurerSettings,
+) -> Path:
+    """Write the checkpoint directory (created if needed; files are replaced)."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if head is not None:
+        module: nn.Module = head  # type: ignore[assignment]
+        state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        save_file(state, str(out / HEAD_NAME))
+    (out / SETTINGS_NAME).write_text(json.dumps(settings.to_json(), indent=2) + "\n")
+    return out
+
+
+def load_checkpoint(directory: str | Path) -> LoadedMeasurer:
+    """Read a checkpoint directory written by :func:`save_checkpoint` (eval mode, CPU)."""
+    from safetensors.torch import load_file
+
+    from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+    from model.measurer.tokenizer import load_tokenizer
+
+    path = Path(directory)
+    settings_file = path / SETTINGS_NAME
+    if not settings_file.is_file():
+        raise ModelError(
+            f"{path} is not a radcaliper measurer checkpoint: {SETTINGS_NAME} is missing"
+        )
+    try:
+        settings = MeasurerSettings.from_json(json.loads(settings_file.read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelError(f"{settings_file} is not valid: {error}") from error
+    model = CircleRopeQwen2_5_VLForConditionalGeneration.from_pretrained(
+        path, local_files_only=True
+    ).eval()
+    tokenizer = load_tokenizer(path)
+    dim = int(model.config.text_config.hidden_size)
+    head = build_head(settings.numeric_mode, dim, settings.head)
+    if head is not None:
+        head_file = path / HEAD_NAME
+        if not head_file.is_file():
+            raise ModelError(f"{path}: {HEAD_NAME} is missing for mode {settings.numeric_mode}")
+        module: nn.Module = head  # type: ignore[assignment]
+        module.load_state_dict(load_file(str(head_file)))
+        module.eval()
+    return LoadedMeasurer(model, head, tokenizer, settings)

@@ -1,0 +1,82 @@
+"""Measurer checkpoints: save / load round trip from a local directory, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ingestion.errors import ModelError
+from ingestion.phantoms import generate_phantom
+from model.backbone import tiny_qwen2_5_vl_kwargs
+from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
+from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+from model.measurer.calibration import fit_calibration
+from model.measurer.checkpoint import (
+    SETTINGS_NAME,
+    MeasurerSettings,
+    NumericMode,
+    build_head,
+    load_checkpoint,
+    save_checkpoint,
+)
+from model.measurer.data import MeasureInputs, collate, encode_example, phantom_examples
+from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.numeric.hf import NumericLM
+
+INPUTS = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=0.0)
+
+
+@pytest.mark.parametrize("mode", list(NumericMode))
+def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
+    tokenizer = build_tokenizer()
+    ids = special_ids(tokenizer)
+    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=ids)
+    torch.manual_seed(0)
+    model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
+    options = {"hi": 300.0, "scale": 0.1} if mode.value.startswith("rned") else {"hi": 100.0}
+    head = build_head(mode, 64, {} if mode == NumericMode.STANDARD else options)
+    pairs = [("diameter", float(v), float(v) + 0.5) for v in range(20)]
+    settings = MeasurerSettings(
+        name="radcaliper-test",
+        version="0.0.1",
+        numeric_mode=mode,
+        measure_inputs=INPUTS,
+        head={} if head is None else options,
+        calibration=fit_calibration(pairs),
+        training={"seed": 0},
+    )
+    save_checkpoint(tmp_path, model, head, tokenizer, settings)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.settings == settings
+    assert (loaded.head is None) == (head is None)
+
+    numeric = mode != NumericMode.STANDARD
+    examples = phantom_examples(generate_phantom(3), INPUTS, np.random.default_rng(0))
+    batch = collate([encode_example(e, tokenizer, numeric=numeric) for e in examples], ids["pad"])
+    inputs = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.image_grid_thw}
+    before = NumericLM(model.eval(), head, ids["num"] if numeric else None)
+    after = NumericLM(loaded.model, loaded.head, ids["num"] if numeric else None)
+    with torch.no_grad():
+        a = before(batch.input_ids, batch.attention_mask, batch.num_values, **inputs)
+        b = after(batch.input_ids, batch.attention_mask, batch.num_values, **inputs)
+    assert torch.equal(a.logits, b.logits)
+    if head is not None and loaded.head is not None:
+        assert torch.equal(head.decode(a.num_hidden), loaded.head.decode(b.num_hidden))
+    assert loaded.tokenizer.encode("measure the lesion") == tokenizer.encode("measure the lesion")
+
+
+def test_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=f"{SETTINGS_NAME} is missing"):
+        load_checkpoint(tmp_path)
+    (tmp_path / SETTINGS_NAME).write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(ModelError, match="format_version 99"):
+        load_checkpoint(tmp_path)
+
+
+def test_settings_need_a_name() -> None:
+    with pytest.raises(ValueError, match="name and a version"):
+        MeasurerSettings(name="", version="1", numeric_mode=NumericMode.XVAL)
