@@ -1,4 +1,4 @@
-"""The measurer: results and calibration, task texts, tokenizer, image inputs, batches, checkpoints.
+"""The measurer: results and calibration, task texts, tokenizer, inputs, checkpoints, inference.
 
 Names are served lazily (PEP 562): ``model.measurer.tasks`` is pure Python and must not pay for
 importing transformers.
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
         image_token_count,
         patchify,
         patchify_frames,
+    )
+    from model.measurer.inference import (
+        MeasureOutcome,
+        measure_findings,
     )
     from model.measurer.protocol import (
         Measurer,
@@ -151,6 +155,10 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "patchify",
         "patchify_frames",
     ),
+    "model.measurer.inference": (
+        "MeasureOutcome",
+        "measure_findings",
+    ),
     "model.measurer.protocol": ("Measurer",),
     "model.measurer.results": (
         "MEASUREMENTS_OF",
@@ -231,6 +239,7 @@ __all__ = [
     "MeasureAnswer",
     "MeasureExample",
     "MeasureInputs",
+    "MeasureOutcome",
     "Measurement",
     "MeasurementName",
     "Measurer",
@@ -259,6 +268,7 @@ __all__ = [
     "load_tokenizer",
     "measure_answer",
     "measure_example",
+    "measure_findings",
     "measure_prompt",
     "parse_find",
     "parse_measure",
