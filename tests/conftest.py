@@ -182,3 +182,24 @@ def pydicom_test_dir() -> Path:
 
 def read(path: Path) -> Dataset:
     return pydicom.dcmread(path)
+
+
+def volume_from_array(voxels: np.ndarray, geometry: Any) -> Any:
+    """A CT ``Volume`` of ``voxels`` (float32 copy) with ``geometry`` and placeholder
+    identifiers, as if built in memory (``SourceFormat.SYNTHETIC``)."""
+    from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+
+    n = voxels.shape[0]
+    return Volume(
+        voxels=np.asarray(voxels, dtype=np.float32),
+        geometry=geometry,
+        identifiers=Identifiers(
+            study_instance_uid="1.2.3",
+            series_instance_uid="1.2.3.4",
+            sop_instance_uids=tuple(f"1.2.3.4.{i}" for i in range(n)),
+            frame_numbers=(None,) * n,
+        ),
+        modality=Modality.CT,
+        source_format=SourceFormat.SYNTHETIC,
+        sources=(Path("synthetic"),),
+    )

@@ -6,7 +6,6 @@ import math
 import subprocess
 import sys
 from collections.abc import Hashable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,9 @@ from ingestion.prepare import (
     select_slices,
     volume_to_dict,
 )
-from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+from ingestion.volume import Volume
+
+from conftest import volume_from_array
 
 AIR = -1000.0
 SHAPE = (12, 64, 64)
@@ -92,20 +93,7 @@ def make_volume(
         for centre, r in spheres:
             centre_lps = geometry.index_to_lps(np.asarray(centre, dtype=float))
             voxels[np.linalg.norm(lps - centre_lps, axis=-1) <= r] = hu
-    n = voxels.shape[0]
-    return Volume(
-        voxels=voxels,
-        geometry=geometry,
-        identifiers=Identifiers(
-            study_instance_uid="1.2.3",
-            series_instance_uid="1.2.3.4",
-            sop_instance_uids=tuple(f"1.2.3.4.{i}" for i in range(n)),
-            frame_numbers=(None,) * n,
-        ),
-        modality=Modality.CT,
-        source_format=SourceFormat.DICOM,
-        sources=(Path("synthetic.dcm"),),
-    )
+    return volume_from_array(voxels, geometry)
 
 
 def centre_of_mass(image: torch.Tensor) -> np.ndarray:

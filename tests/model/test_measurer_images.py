@@ -7,7 +7,6 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from transformers.utils.constants import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from ingestion.geometry import Geometry
 from ingestion.phantoms import Phantom, PhantomSpec, TruthFinding, generate_phantom
 from ingestion.prepare import PrepareConfig, PreparedVolume, prepare_volume
-from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+from ingestion.volume import Volume
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.measurer.images import (
     AIR_HU,
@@ -43,6 +42,8 @@ from model.measurer.images import (
     patchify_frames,
 )
 
+from conftest import volume_from_array
+
 SOFT = (40.0, 400.0)
 LUNG = (-600.0, 1500.0)
 BONE = (400.0, 1800.0)
@@ -57,20 +58,7 @@ def windowed(hu: float | np.ndarray, window: tuple[float, float]) -> np.ndarray:
 
 
 def make_volume(voxels: np.ndarray, geometry: Geometry) -> Volume:
-    n = voxels.shape[0]
-    return Volume(
-        voxels=np.asarray(voxels, dtype=np.float32),
-        geometry=geometry,
-        identifiers=Identifiers(
-            study_instance_uid="1.2.3",
-            series_instance_uid="1.2.3.4",
-            sop_instance_uids=tuple(f"1.2.3.4.{i}" for i in range(n)),
-            frame_numbers=(None,) * n,
-        ),
-        modality=Modality.CT,
-        source_format=SourceFormat.DICOM,
-        sources=(Path("synthetic.dcm"),),
-    )
+    return volume_from_array(voxels, geometry)
 
 
 # -- patches ------------------------------------------------------------------------------------
