@@ -16,6 +16,7 @@ In RNED / xVal mode every number of the answer is one ``[NUM]`` token whose valu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ingestion.geometry import Geometry
 from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
 from model.measurer.images import (
     contrast_channels,
@@ -45,10 +47,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Batch",
     "EncodedExample",
+    "FindingPatch",
     "MeasureExample",
     "MeasureInputs",
     "collate",
     "encode_example",
+    "finding_patches",
     "measure_example",
     "phantom_examples",
     "phantom_volume",
@@ -166,6 +170,84 @@ def phantom_examples(
         x, y, z = finding.center_lps_mm
         center = (x + float(shift[0]), y + float(shift[1]), z)
         out.append(measure_example(volume, center, finding.kind, inputs, _truth_values(finding)))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class FindingPatch:
+    """A small float16 HU sub-volume around one finding, with its truth: a training cache entry.
+
+    Cutting crops from patches instead of whole phantoms makes fresh jittered crops every epoch
+    cheap (a phantom takes ~0.15 s to render; a crop from a patch ~1.5 ms), and a patch is ~0.2 MB
+    instead of a phantom's ~10 MB.
+    """
+
+    hu: np.ndarray  # (S, R, C) float16
+    geometry: Geometry
+    center_lps_mm: tuple[float, float, float]
+    kind: FindingKind
+    values: tuple[float, ...]  # truth: lesion (long, short), vessel (diameter,), 0.1 mm grid
+
+    def volume(self) -> Volume:
+        """The patch as a ``Volume`` (float32), for ``crop_around``."""
+        n = self.hu.shape[0]
+        return Volume(
+            voxels=self.hu.astype(np.float32),
+            geometry=self.geometry,
+            identifiers=Identifiers(
+                study_instance_uid="patch",
+                series_instance_uid="patch",
+                sop_instance_uids=(None,) * n,
+                frame_numbers=(None,) * n,
+            ),
+            modality=Modality.CT,
+            source_format=SourceFormat.SYNTHETIC,
+            sources=(Path("patch"),),
+        )
+
+    def example(self, inputs: MeasureInputs, rng: np.random.Generator) -> MeasureExample:
+        """A fresh training example: the crop centre jittered as in :func:`phantom_examples`."""
+        shift = rng.normal(0.0, inputs.jitter_mm, 2) if inputs.jitter_mm else np.zeros(2)
+        x, y, z = self.center_lps_mm
+        center = (x + float(shift[0]), y + float(shift[1]), z)
+        return measure_example(self.volume(), center, self.kind, inputs, self.values)
+
+
+def finding_patches(phantom: Phantom, inputs: MeasureInputs) -> list[FindingPatch]:
+    """One patch per finding, large enough for every crop ``inputs`` can cut around it: the crop
+    half-width plus 4 jitter standard deviations plus one voxel in-plane, and the crop's frames
+    plus one slice each way along z (so trilinear interpolation sees the same voxels)."""
+    geometry = phantom.geometry
+    half_mm = inputs.size * inputs.pixel_mm / 2 + 4 * inputs.jitter_mm
+    frames_mm = (inputs.frames - 1) / 2 * (inputs.slice_mm or geometry.spacing[0])
+    out = []
+    for finding in phantom.findings:
+        center = np.asarray(finding.center_lps_mm, dtype=np.float64)
+        corners = np.array(
+            [
+                center + np.array([dx, dy, dz])
+                for dx in (-half_mm, half_mm)
+                for dy in (-half_mm, half_mm)
+                for dz in (-frames_mm, frames_mm)
+            ]
+        )
+        index = geometry.lps_to_index(corners)  # (8, 3)
+        low = np.maximum(np.floor(index.min(axis=0)).astype(int) - 1, 0)
+        high = np.minimum(np.ceil(index.max(axis=0)).astype(int) + 2, phantom.hu.shape)
+        (s0, r0, c0), (s1, r1, c1) = low, high
+        origin = geometry.index_to_lps(np.array([s0, r0, c0], dtype=np.float64))
+        sub = dataclasses.replace(
+            geometry, origin=(float(origin[0]), float(origin[1]), float(origin[2]))
+        )
+        out.append(
+            FindingPatch(
+                hu=phantom.hu[s0:s1, r0:r1, c0:c1].astype(np.float16),
+                geometry=sub,
+                center_lps_mm=tuple(float(v) for v in center),  # type: ignore[arg-type]
+                kind=FindingKind(finding.kind),
+                values=_truth_values(finding),
+            )
+        )
     return out
 
 

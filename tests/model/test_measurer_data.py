@@ -3,6 +3,8 @@ step of the real tiny Circle-RoPE Qwen2.5-VL with the RNED head on them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,7 @@ from model.measurer.data import (
     MeasureInputs,
     collate,
     encode_example,
+    finding_patches,
     phantom_examples,
     phantom_volume,
 )
@@ -146,3 +149,31 @@ def test_a_training_step_on_the_real_tiny_model(phantom: Phantom) -> None:
 def test_bad_inputs_settings(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MeasureInputs(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        MeasureInputs(pixel_mm=1.5, size=56, jitter_mm=3.0),
+        MeasureInputs(pixel_mm=0.75, size=112, window=(40.0, 160.0), frames=3, slice_mm=2.0),
+    ],
+)
+def test_patches_give_the_crops_of_the_whole_phantom(
+    phantom: Phantom, inputs: MeasureInputs
+) -> None:
+    """Without jitter a crop cut from a finding's patch equals the crop from the whole volume
+    (same voxels, same interpolation); with jitter, crops are fresh per draw and seeded. Patches
+    are far smaller than the phantom."""
+    patches = finding_patches(phantom, inputs)
+    assert [p.kind for p in patches] == [FindingKind(f.kind) for f in phantom.findings]
+    still = dataclasses.replace(inputs, jitter_mm=0.0)
+    whole = phantom_examples(phantom, still, np.random.default_rng(0))
+    for patch, full in zip(patches, whole, strict=True):
+        assert patch.hu.dtype == np.float16 and patch.hu.nbytes < phantom.hu.nbytes / 4
+        cut = patch.example(still, np.random.default_rng(0))
+        torch.testing.assert_close(cut.images, full.images, atol=1e-6, rtol=0)
+        assert cut.answer == full.answer
+        a = patch.example(inputs, np.random.default_rng(7)).images
+        b = patch.example(inputs, np.random.default_rng(7)).images
+        c = patch.example(inputs, np.random.default_rng(8)).images
+        assert torch.equal(a, b) and not torch.equal(a, c)
