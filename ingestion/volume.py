@@ -98,6 +98,38 @@ class Volume:
         if not self.sources:
             raise ValueError("sources must name at least one file")
 
+    @classmethod
+    def in_memory(
+        cls,
+        voxels: npt.ArrayLike,
+        geometry: Geometry,
+        identifiers: Identifiers | None = None,
+        *,
+        name: str = "synthetic",
+    ) -> Volume:
+        """A CT volume built in memory (phantoms, patches, tests), ``SourceFormat.SYNTHETIC``.
+
+        ``voxels`` are copied to float32; without ``identifiers`` the UIDs are placeholders
+        ("1.2.3", "1.2.3.4", "1.2.3.4.<slice>"). ``name`` stands in for the source file.
+        """
+        array = np.array(voxels, dtype=np.float32)
+        if identifiers is None:
+            n = array.shape[0] if array.ndim else 0
+            identifiers = Identifiers(
+                study_instance_uid="1.2.3",
+                series_instance_uid="1.2.3.4",
+                sop_instance_uids=tuple(f"1.2.3.4.{i}" for i in range(n)),
+                frame_numbers=(None,) * n,
+            )
+        return cls(
+            voxels=array,
+            geometry=geometry,
+            identifiers=identifiers,
+            modality=Modality.CT,
+            source_format=SourceFormat.SYNTHETIC,
+            sources=(Path(name),),
+        )
+
     @property
     def shape(self) -> tuple[int, int, int]:
         """(slices, rows, columns)."""

@@ -185,21 +185,7 @@ def read(path: Path) -> Dataset:
 
 
 def volume_from_array(voxels: np.ndarray, geometry: Any) -> Any:
-    """A CT ``Volume`` of ``voxels`` (float32 copy) with ``geometry`` and placeholder
-    identifiers, as if built in memory (``SourceFormat.SYNTHETIC``)."""
-    from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+    """A CT ``Volume`` of ``voxels`` with ``geometry`` and placeholder identifiers."""
+    from ingestion.volume import Volume
 
-    n = voxels.shape[0]
-    return Volume(
-        voxels=np.asarray(voxels, dtype=np.float32),
-        geometry=geometry,
-        identifiers=Identifiers(
-            study_instance_uid="1.2.3",
-            series_instance_uid="1.2.3.4",
-            sop_instance_uids=tuple(f"1.2.3.4.{i}" for i in range(n)),
-            frame_numbers=(None,) * n,
-        ),
-        modality=Modality.CT,
-        source_format=SourceFormat.SYNTHETIC,
-        sources=(Path("synthetic"),),
-    )
+    return Volume.in_memory(voxels, geometry)

@@ -20,14 +20,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ingestion.geometry import Geometry
-from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+from ingestion.volume import Identifiers, Volume
 from model.measurer.images import (
     contrast_channels,
     crop_around,
@@ -110,20 +109,27 @@ class MeasureExample:
 def phantom_volume(phantom: Phantom) -> Volume:
     """A phantom as the ``Volume`` that loading its DICOM series would give (in memory)."""
     n = phantom.hu.shape[0]
-    return Volume(
-        voxels=phantom.hu.astype(np.float32),
-        geometry=phantom.geometry,
-        identifiers=Identifiers(
-            study_instance_uid=phantom.study_instance_uid,
-            series_instance_uid=phantom.series_instance_uid,
-            sop_instance_uids=tuple(phantom.sop_instance_uids),
-            frame_numbers=(None,) * n,
-            patient_id=phantom.patient_id,
-        ),
-        modality=Modality.CT,
-        source_format=SourceFormat.SYNTHETIC,
-        sources=(Path(f"phantom-{phantom.seed}"),),
+    identifiers = Identifiers(
+        study_instance_uid=phantom.study_instance_uid,
+        series_instance_uid=phantom.series_instance_uid,
+        sop_instance_uids=tuple(phantom.sop_instance_uids),
+        frame_numbers=(None,) * n,
+        patient_id=phantom.patient_id,
     )
+    return Volume.in_memory(
+        phantom.hu, phantom.geometry, identifiers, name=f"phantom-{phantom.seed}"
+    )
+
+
+def _jittered(
+    center_lps_mm: Sequence[float], inputs: MeasureInputs, rng: np.random.Generator
+) -> tuple[float, float, float]:
+    """The centre shifted in the axial plane by N(0, ``inputs.jitter_mm``) per direction."""
+    x, y, z = (float(c) for c in center_lps_mm)
+    if not inputs.jitter_mm:
+        return (x, y, z)
+    dx, dy = rng.normal(0.0, inputs.jitter_mm, 2)
+    return (x + float(dx), y + float(dy), z)
 
 
 def measure_example(
@@ -166,9 +172,7 @@ def phantom_examples(
     volume = phantom_volume(phantom)
     out = []
     for finding in phantom.findings:
-        shift = rng.normal(0.0, inputs.jitter_mm, 2) if inputs.jitter_mm else np.zeros(2)
-        x, y, z = finding.center_lps_mm
-        center = (x + float(shift[0]), y + float(shift[1]), z)
+        center = _jittered(finding.center_lps_mm, inputs, rng)
         out.append(measure_example(volume, center, finding.kind, inputs, _truth_values(finding)))
     return out
 
@@ -190,26 +194,11 @@ class FindingPatch:
 
     def volume(self) -> Volume:
         """The patch as a ``Volume`` (float32), for ``crop_around``."""
-        n = self.hu.shape[0]
-        return Volume(
-            voxels=self.hu.astype(np.float32),
-            geometry=self.geometry,
-            identifiers=Identifiers(
-                study_instance_uid="patch",
-                series_instance_uid="patch",
-                sop_instance_uids=(None,) * n,
-                frame_numbers=(None,) * n,
-            ),
-            modality=Modality.CT,
-            source_format=SourceFormat.SYNTHETIC,
-            sources=(Path("patch"),),
-        )
+        return Volume.in_memory(self.hu, self.geometry, name="patch")
 
     def example(self, inputs: MeasureInputs, rng: np.random.Generator) -> MeasureExample:
         """A fresh training example: the crop centre jittered as in :func:`phantom_examples`."""
-        shift = rng.normal(0.0, inputs.jitter_mm, 2) if inputs.jitter_mm else np.zeros(2)
-        x, y, z = self.center_lps_mm
-        center = (x + float(shift[0]), y + float(shift[1]), z)
+        center = _jittered(self.center_lps_mm, inputs, rng)
         return measure_example(self.volume(), center, self.kind, inputs, self.values)
 
 
