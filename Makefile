@@ -1,20 +1,24 @@
 # radcaliper developer entry points. `make run` and `make test` are the README's two commands.
 VENV ?= .venv
 BIN := $(VENV)/bin
-SAMPLES ?= $(HOME)/.cache/radcaliper/samples
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install postgres browser run test lint typecheck unit bench clean
 
 install:
 	@./deploy/install.sh
 
-## run: the main job (today: inspect a bundled, generated sample study)
+## run: the main job: the review UI with the demo model, an SQLite database and demo studies
 run: install
-	@test -d "$(SAMPLES)" || $(BIN)/radcaliper phantoms "$(SAMPLES)" --n 2 --seed 7 --nifti
-	$(BIN)/radcaliper inspect "$(SAMPLES)"
+	$(BIN)/radcaliper serve
 
-## test: lint, type-check and the test suite (what CI runs)
-test: install lint typecheck unit
+## test: lint, type-check and the test suite (what CI runs); the store's tests need PostgreSQL
+test: install postgres browser lint typecheck unit
+
+postgres:
+	@./deploy/ensure_postgres.sh
+
+browser:
+	@./deploy/ensure_chromium.sh
 
 lint:
 	$(BIN)/ruff check .
