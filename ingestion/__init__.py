@@ -16,6 +16,7 @@ from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from ingestion.errors import (
+        AccessDeniedError,
         ConfigurationError,
         InconsistentGeometryError,
         IngestionError,
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
         PixelDataError,
         PreparationError,
         RadcaliperError,
+        SchemaVersionError,
+        StaleEditError,
         StorageError,
         UnsupportedObjectError,
     )
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 _SOURCES = {
     "ingestion.errors": (
+        "AccessDeniedError",
         "ConfigurationError",
         "InconsistentGeometryError",
         "IngestionError",
@@ -64,6 +68,8 @@ _SOURCES = {
         "PixelDataError",
         "PreparationError",
         "RadcaliperError",
+        "SchemaVersionError",
+        "StaleEditError",
         "StorageError",
         "UnsupportedObjectError",
     ),
@@ -91,6 +97,7 @@ _SOURCES = {
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
 }
 __all__ = [
+    "AccessDeniedError",
     "ConfigurationError",
     "Geometry",
     "Identifiers",
@@ -111,9 +118,11 @@ __all__ = [
     "RadcaliperError",
     "Rejected",
     "ScanResult",
+    "SchemaVersionError",
     "SelectSlicesd",
     "SeriesRef",
     "SourceFormat",
+    "StaleEditError",
     "StorageError",
     "TruthFinding",
     "UnsupportedObjectError",

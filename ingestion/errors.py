@@ -20,11 +20,15 @@ It lives in ``ingestion`` because ingestion is the first pipeline stage, which e
     ├── PreparationError            a Volume cannot be turned into model inputs
     ├── ModelError                  the measurer cannot load or run
     └── StorageError                the database cannot store or return what was asked
+        ├── SchemaVersionError      the database's schema is missing or not this version's
+        ├── StaleEditError          a review was based on an outdated measurement (refused)
+        └── AccessDeniedError       the user's role does not allow the action
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "ConfigurationError",
     "InconsistentGeometryError",
     "IngestionError",
@@ -35,6 +39,8 @@ __all__ = [
     "PixelDataError",
     "PreparationError",
     "RadcaliperError",
+    "SchemaVersionError",
+    "StaleEditError",
     "StorageError",
     "UnsupportedObjectError",
 ]
@@ -94,3 +100,15 @@ class ModelError(RadcaliperError):
 
 class StorageError(RadcaliperError):
     """The database cannot store or return what was asked."""
+
+
+class SchemaVersionError(StorageError):
+    """The database has no radcaliper tables, or tables of another schema version."""
+
+
+class StaleEditError(StorageError):
+    """A reviewer's edit names a measurement version that is no longer current."""
+
+
+class AccessDeniedError(StorageError):
+    """The acting user's role does not allow the action (e.g. an auditor editing)."""

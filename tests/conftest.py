@@ -14,6 +14,8 @@ import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, MRImageStorage, generate_uid
 
+pytest_plugins = ("db_fixtures",)  # the store's databases (tests/db_fixtures.py)
+
 
 @dataclass
 class WrittenSeries:
@@ -189,3 +191,13 @@ def volume_from_array(voxels: np.ndarray, geometry: Any) -> Any:
     from ingestion.volume import Volume
 
     return Volume.in_memory(voxels, geometry)
+
+
+@pytest.fixture(autouse=True)
+def _private_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test touches the user's data dir: the default database lives in a temporary one."""
+    monkeypatch.setenv("RADCALIPER_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    monkeypatch.delenv("RADCALIPER_DATABASE_URL", raising=False)
+    monkeypatch.delenv("RADCALIPER_PSEUDONYM_KEY", raising=False)

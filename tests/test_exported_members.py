@@ -25,7 +25,7 @@ def test_all_names_resolve(name: str) -> None:
         assert getattr(module, member) is not None, f"{name}.{member}"
 
 
-LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope", "model.measurer"]
+LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope", "model.measurer", "db"]
 
 
 @pytest.mark.parametrize("name", LAZY_PACKAGES)

@@ -316,6 +316,9 @@ class CircleRopeQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGener
     config: CircleRopeQwen2_5_VLConfig
 
     def __init__(self, config: CircleRopeQwen2_5_VLConfig) -> None:
+        # the renamings also decide the layout save_pretrained writes: register them before any
+        # instance exists, so every save in a process writes the same (Qwen2.5-VL) layout
+        _register_weight_names()
         Qwen2_5_VLPreTrainedModel.__init__(self, config)
         self.model = CircleRopeQwen2_5_VLModel(config)
         text: Any = config.text_config

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion.errors import ModelError
 from model.measurer.calibration import Calibration
 from model.measurer.data import MeasureInputs
+from model.measurer.find import FindInputs
 
 if TYPE_CHECKING:
     from torch import nn
@@ -39,11 +40,15 @@ __all__ = [
     "MeasurerSettings",
     "NumericMode",
     "build_head",
+    "checkpoint_hash",
+    "default_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "write_settings",
 ]
 
 SETTINGS_NAME = "radcaliper.json"
+DEMO_NAME = "radcaliper-demo"
 HEAD_NAME = "numeric_head.safetensors"
 FORMAT_VERSION = 1
 
@@ -65,6 +70,9 @@ class MeasurerSettings:
     version: str
     numeric_mode: NumericMode
     measure_inputs: MeasureInputs = field(default_factory=MeasureInputs)
+    find_inputs: FindInputs = field(default_factory=FindInputs)
+    tasks: tuple[str, ...] = ("find", "measure", "point")  # what the model was trained on
+    verify_candidates: bool = False  # confirm each found finding with the point task
     head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
     calibration: Calibration | None = None
     not_for_clinical_use: bool = True
@@ -82,6 +90,9 @@ class MeasurerSettings:
             "version": self.version,
             "numeric_mode": self.numeric_mode.value,
             "measure_inputs": dataclasses.asdict(self.measure_inputs),
+            "find_inputs": dataclasses.asdict(self.find_inputs),
+            "tasks": list(self.tasks),
+            "verify_candidates": self.verify_candidates,
             "head": dict(self.head),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "not_for_clinical_use": self.not_for_clinical_use,
@@ -98,12 +109,19 @@ class MeasurerSettings:
             )
         inputs = dict(data["measure_inputs"])
         inputs["window"] = tuple(inputs["window"])
+        find = dict(data.get("find_inputs", {}))
+        for key in ("soft_window", "wide_window"):
+            if key in find:
+                find[key] = tuple(find[key])
         calibration = data.get("calibration")
         return cls(
             name=str(data["name"]),
             version=str(data["version"]),
             numeric_mode=NumericMode(data["numeric_mode"]),
             measure_inputs=MeasureInputs(**inputs),
+            find_inputs=FindInputs(**find),
+            tasks=tuple(data.get("tasks", ("find", "measure", "point"))),
+            verify_candidates=bool(data.get("verify_candidates", False)),
             head=dict(data.get("head", {})),
             calibration=None if calibration is None else Calibration.from_json(calibration),
             not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),
@@ -168,6 +186,36 @@ def save_checkpoint(
     return out
 
 
+def default_checkpoint() -> Path:
+    """The demo checkpoint shipped inside the package (not for clinical use)."""
+    return Path(__file__).resolve().parent.parent / "weights" / DEMO_NAME
+
+
+def checkpoint_hash(directory: str | Path) -> str:
+    """sha256 over the checkpoint's files (names and bytes, sorted; training state excluded):
+    the identity of a model version as the store records it."""
+    import hashlib
+
+    root = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def write_settings(directory: str | Path, settings: MeasurerSettings) -> None:
+    """Replace a checkpoint's ``radcaliper.json`` (e.g. after calibration)."""
+    path = Path(directory) / SETTINGS_NAME
+    if not path.is_file():
+        raise ModelError(f"{directory} is not a radcaliper measurer checkpoint: no {SETTINGS_NAME}")
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
+    partial.replace(path)
+
+
 def load_checkpoint(directory: str | Path) -> LoadedMeasurer:
     """Read a checkpoint directory written by :func:`save_checkpoint` (eval mode, CPU)."""
     from safetensors.torch import load_file
@@ -185,9 +233,17 @@ def load_checkpoint(directory: str | Path) -> LoadedMeasurer:
         settings = MeasurerSettings.from_json(json.loads(settings_file.read_text()))
     except (ValueError, KeyError, TypeError) as error:
         raise ModelError(f"{settings_file} is not valid: {error}") from error
-    model = CircleRopeQwen2_5_VLForConditionalGeneration.from_pretrained(
-        path, local_files_only=True
-    ).eval()
+    model, info = CircleRopeQwen2_5_VLForConditionalGeneration.from_pretrained(
+        path, local_files_only=True, output_loading_info=True
+    )
+    model.eval()
+    missing, unexpected = list(info["missing_keys"]), list(info["unexpected_keys"])
+    if missing or unexpected:  # never run a model with freshly initialised weights
+        raise ModelError(
+            f"{path}: the weights do not match the model ({len(missing)} missing, e.g. "
+            f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); was it "
+            "written by another transformers version's layout? Re-save it with radcaliper"
+        )
     tokenizer = load_tokenizer(path)
     dim = int(model.config.text_config.hidden_size)
     head = build_head(settings.numeric_mode, dim, settings.head)

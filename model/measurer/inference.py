@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.measurer.data import MeasureExample, collate, encode_example
-from model.measurer.results import MEASUREMENTS_OF, Measurement
-from model.measurer.tasks import parse_measure, with_values
+from model.measurer.data import MeasureExample, Prompted, collate, encode_example
+from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement
+from model.measurer.tasks import ParsedMeasure, parse_measure, with_values
 from model.measurer.tokenizer import special_ids
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from model.measurer.calibration import Calibration
     from model.numeric.hf import NumericLM
 
-__all__ = ["MeasureOutcome", "measure_findings"]
+__all__ = ["MeasureOutcome", "generate_texts", "measure_findings", "outcome_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,51 @@ class MeasureOutcome:
     parsed: bool  # False: the answer was malformed and every measurement is "not measurable"
 
 
+def generate_texts(
+    lm: NumericLM,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Prompted],
+    *,
+    max_new_tokens: int,
+    device: torch.device | str = "cpu",
+) -> list[str]:
+    """Greedy answers of ``examples`` (one batch, their ``answer`` ignored) as plain text with
+    the decoded numbers written out."""
+    ids = special_ids(tokenizer)
+    numeric = lm.numeric_head is not None
+    prompts = [encode_example(_without_answer(e), tokenizer, numeric=numeric) for e in examples]
+    batch = collate(prompts, ids["pad"])
+    dtype = next(lm.model.parameters()).dtype
+    with torch.no_grad():
+        generated = lm.generate(
+            batch.input_ids.to(device),
+            batch.attention_mask.to(device),
+            batch.num_values.to(device) if numeric else None,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=ids["eos"],
+            pad_token_id=ids["pad"],
+            pixel_values=batch.pixel_values.to(device, dtype),
+            image_grid_thw=batch.image_grid_thw.to(device),
+        )
+    texts = []
+    for row in range(len(examples)):
+        tokens = generated.new_tokens[row].tolist()
+        text = str(tokenizer.decode(tokens, skip_special_tokens=True)).strip()
+        texts.append(with_values(text, generated.values[row].tolist()) if numeric else text)
+    return texts
+
+
+@dataclass(frozen=True)
+class _Unanswered:
+    images: torch.Tensor
+    prompt: str
+    answer: str | None = None
+
+
+def _without_answer(example: Prompted) -> Prompted:
+    return example if example.answer is None else _Unanswered(example.images, example.prompt)
+
+
 def measure_findings(
     lm: NumericLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -50,37 +95,18 @@ def measure_findings(
     *,
     calibration: Calibration | None = None,
     batch_size: int = 16,
+    device: torch.device | str = "cpu",
 ) -> list[MeasureOutcome]:
     """Measure every example (its ``answer`` is ignored), ``batch_size`` crops per forward."""
-    ids = special_ids(tokenizer)
-    numeric = lm.numeric_head is not None
     outcomes: list[MeasureOutcome] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        prompts = [
-            encode_example(
-                MeasureExample(e.kind, e.images, e.prompt, None), tokenizer, numeric=numeric
-            )
-            for e in chunk
-        ]
-        batch = collate(prompts, ids["pad"])
-        with torch.no_grad():
-            generated = lm.generate(
-                batch.input_ids,
-                batch.attention_mask,
-                batch.num_values,
-                max_new_tokens=MAX_ANSWER_TOKENS,
-                eos_token_id=ids["eos"],
-                pad_token_id=ids["pad"],
-                pixel_values=batch.pixel_values,
-                image_grid_thw=batch.image_grid_thw,
-            )
-        for row, example in enumerate(chunk):
-            tokens = generated.new_tokens[row]
-            text = str(tokenizer.decode(tokens.tolist(), skip_special_tokens=True)).strip()
-            if numeric:
-                text = with_values(text, generated.values[row].tolist())
-            outcomes.append(_outcome(example, text, calibration))
+        texts = generate_texts(
+            lm, tokenizer, chunk, max_new_tokens=MAX_ANSWER_TOKENS, device=device
+        )
+        for example, text in zip(chunk, texts, strict=True):
+            parsed = parse_measure(text, example.kind)
+            outcomes.append(outcome_for(example.kind, text, calibration, parsed))
     failed = sum(not o.parsed for o in outcomes)
     if failed:
         logger.warning(
@@ -89,9 +115,15 @@ def measure_findings(
     return outcomes
 
 
-def _outcome(example: MeasureExample, text: str, calibration: Calibration | None) -> MeasureOutcome:
-    names = MEASUREMENTS_OF[example.kind]
-    parsed = parse_measure(text, example.kind)
+def outcome_for(
+    kind: FindingKind,
+    text: str,
+    calibration: Calibration | None,
+    parsed: ParsedMeasure,
+) -> MeasureOutcome:
+    """Measurements of a parsed answer for a finding of ``kind``: the values with their
+    calibrated ranges, or all "not measurable" with the parser's reason."""
+    names = MEASUREMENTS_OF[kind]
     if not parsed.success:
         reason = f"malformed model answer {text!r}: {parsed.reason}"
         return MeasureOutcome(

@@ -14,6 +14,7 @@ measurable") with the reason: radcaliper never invents a number. Pure Python; no
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "Measurement",
     "MeasurementName",
     "ModelInfo",
+    "Segment3",
     "StudyFinding",
     "StudyResult",
     "renumber",
@@ -121,15 +123,21 @@ class Measurement:
         return out
 
 
+Segment3 = tuple[Vector3, Vector3]
+
+
 @dataclass(frozen=True)
 class StudyFinding:
-    """One finding of a study: kind, where (LPS mm and the source slice), its measurements."""
+    """One finding of a study: kind, where (LPS mm and the source slice), its measurements and,
+    when the model locates them, the measured axes as LPS end points (lesion: long, short;
+    vessel: a diameter)."""
 
     id: int
     kind: FindingKind
     center_lps_mm: Vector3
     slice_index: int
     measurements: tuple[Measurement, ...]
+    axes_lps_mm: tuple[Segment3, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FindingKind(self.kind))
@@ -143,6 +151,21 @@ class StudyFinding:
             raise ValueError(
                 f"finding {self.id} ({self.kind}): measurements {names} must be {expected}"
             )
+        if self.axes_lps_mm is not None:
+            axes = tuple(
+                tuple(tuple(float(v) for v in point) for point in segment)
+                for segment in self.axes_lps_mm
+            )
+            if len(axes) != len(expected) or any(
+                len(segment) != 2
+                or any(len(p) != 3 or not all(map(math.isfinite, p)) for p in segment)
+                for segment in axes
+            ):
+                raise ValueError(
+                    f"finding {self.id} ({self.kind}): axes_lps_mm must be {len(expected)} "
+                    "pairs of finite (x, y, z) points"
+                )
+            object.__setattr__(self, "axes_lps_mm", axes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -151,6 +174,9 @@ class StudyFinding:
             "center_lps_mm": list(self.center_lps_mm),
             "slice_index": self.slice_index,
             "measurements": [m.to_json() for m in self.measurements],
+            "axes_lps_mm": None
+            if self.axes_lps_mm is None
+            else [[list(p) for p in segment] for segment in self.axes_lps_mm],
         }
 
 
@@ -200,7 +226,4 @@ class StudyResult:
 
 def renumber(findings: Sequence[StudyFinding]) -> tuple[StudyFinding, ...]:
     """Findings with ids 1..n in the given order."""
-    return tuple(
-        StudyFinding(i, f.kind, f.center_lps_mm, f.slice_index, f.measurements)
-        for i, f in enumerate(findings, start=1)
-    )
+    return tuple(dataclasses.replace(f, id=i) for i, f in enumerate(findings, start=1))

@@ -19,11 +19,13 @@ point       ``measure at the point``                 ``lesion 32.5 x 18 mm``, ``
 
 A find prompt comes with K slice images; an answer's ``slice`` is the 0-based index of one of
 those K images and its ``box`` is ``[row0, col0, row1, col1]`` in pixels of that image (top-left
-inclusive, bottom-right exclusive, ``row0 < row1``, ``col0 < col1``). Findings are written in
-the order given (the caller picks a canonical order for training targets), joined by `` ; ``
-and followed by `` ; end``. Numbers are written canonically on the 0.1 grid of
-``model.numeric.text`` (``18``, ``32.5``), slice indices as whole numbers, values in
-``[0, 3000]``; every writer raises ``ValueError`` rather than write a text its parser rejects.
+inclusive, bottom-right exclusive, ``row0 < row1``, ``col0 < col1``). With one image (K = 1,
+the default model's per-plane prompts) the slice is left out: ``lesion box [12, 40, 88, 101] ;
+end``. Findings are written in the order given (the caller picks a canonical order for
+training targets), joined by `` ; `` and followed by `` ; end``. Numbers are written
+canonically on the 0.1 grid of ``model.numeric.text`` (``18``, ``32.5``), slice indices as whole
+numbers, values in ``[0, 3000]``; every writer raises ``ValueError`` rather than write a text
+its parser rejects.
 
 Numeric modes
 -------------
@@ -97,6 +99,7 @@ _FIRST_WORD = re.compile(r"\s*([^\W\d_]+)\b(.*)", re.DOTALL)
 _FINDING = re.compile(
     r"(?P<kind>\S+)\s+slice\b(?P<slice>.*?)\bbox\b(?P<box>.*)", re.IGNORECASE | re.DOTALL
 )
+_SINGLE_IMAGE_FINDING = re.compile(r"(?P<kind>\S+)\s+box\b(?P<box>.*)", re.IGNORECASE | re.DOTALL)
 
 
 # --- records --------------------------------------------------------------------------------
@@ -204,11 +207,15 @@ def find_prompt(num_images: int) -> str:
     return "find lesions and vessels in the " + ("image" if num_images == 1 else "images")
 
 
-def find_answer(findings: Sequence[FoundFinding]) -> str:
+def find_answer(findings: Sequence[FoundFinding], *, num_images: int | None = None) -> str:
     """The find answer stating ``findings`` in the order given; ``"none"`` when empty.
+
+    For a one-image prompt (``num_images=1``) the slice is left out: ``"lesion box [...]"``.
 
     >>> find_answer([FoundFinding(FindingKind.LESION, 3, (12, 40, 88, 101))])
     'lesion slice 3 box [12, 40, 88, 101] ; end'
+    >>> find_answer([FoundFinding(FindingKind.VESSEL, 0, (1, 2, 3, 4))], num_images=1)
+    'vessel box [1, 2, 3, 4] ; end'
     """
     if not findings:
         return _NONE
@@ -218,9 +225,16 @@ def find_answer(findings: Sequence[FoundFinding]) -> str:
             raise ValueError(f"findings must be FoundFinding objects, not {finding!r}")
         _check_writable(finding.box, "box coordinate")
         box = format_box(finding.box, num_tokens=False, hi=_MAX_VALUE).text
-        items.append(f"{finding.kind.value} slice {finding.slice_index} box {box}")
+        if num_images == 1:
+            if finding.slice_index != 0:
+                raise ValueError(
+                    f"slice_index {finding.slice_index} in a one-image answer; it must be 0"
+                )
+            items.append(f"{finding.kind.value} box {box}")
+        else:
+            items.append(f"{finding.kind.value} slice {finding.slice_index} box {box}")
     text = f" {_SEPARATOR} ".join([*items, _END])
-    parsed = parse_find(text)
+    parsed = parse_find(text, num_images=num_images)
     if not parsed.success:  # e.g. a box that collapses on the 0.1 grid, a slice index > 3000
         raise ValueError(f"cannot write these findings: {parsed.reason}")
     return text
@@ -280,7 +294,8 @@ def parse_find(text: str, *, num_images: int | None = None) -> ParsedFind:
 
     Never raises on ``text``. Succeeds for ``"none"`` (no findings) or findings
     ``"<kind> slice <index> box [row0, col0, row1, col1]"`` each followed by ``;``, then
-    ``end``; any bad finding fails the whole answer, with the reason.
+    ``end``; any bad finding fails the whole answer, with the reason. With ``num_images=1`` the
+    findings are ``"<kind> box [...]"`` (slice 0; a ``slice`` is malformed there).
     """
     body = _strip_specials(text)
     if not body:
@@ -350,21 +365,25 @@ def _parse_finding(item: str, num_images: int | None) -> FoundFinding | str:
     """One finding of a find answer, or the reason it is malformed (to follow "finding i")."""
     if not item:
         return " is empty"
-    match = _FINDING.fullmatch(item)
-    if match is None:
-        return f": expected '<kind> slice <index> box [row0, col0, row1, col1]', got {_quote(item)}"
+    single = num_images == 1
+    match = (_SINGLE_IMAGE_FINDING if single else _FINDING).fullmatch(item)
+    if match is None or (single and re.search(r"\bslice\b", item, re.IGNORECASE)):
+        form = "<kind> box" if single else "<kind> slice <index> box"
+        return f": expected '{form} [row0, col0, row1, col1]', got {_quote(item)}"
     word = match.group("kind").lower()
     if word not in _COUNT:
         return f": unknown kind {_quote(match.group('kind'))}; expected {_KINDS}"
     where = f" ({word})"
-    index = parse_values(match.group("slice"), 1, hi=_MAX_VALUE)
-    if not index.success:
-        return f"{where}: slice: {index.reason}"
-    (value,) = index.values
-    if not value.is_integer():
-        return f"{where}: slice index {value:g} is not a whole number"
-    if num_images is not None and value >= num_images:
-        return f"{where}: slice index {value:g} is not among the {num_images} images"
+    value = 0.0
+    if not single:
+        index = parse_values(match.group("slice"), 1, hi=_MAX_VALUE)
+        if not index.success:
+            return f"{where}: slice: {index.reason}"
+        (value,) = index.values
+        if not value.is_integer():
+            return f"{where}: slice index {value:g} is not a whole number"
+        if num_images is not None and value >= num_images:
+            return f"{where}: slice index {value:g} is not among the {num_images} images"
     box = parse_values(match.group("box"), 4, hi=_MAX_VALUE)
     if not box.success:
         return f"{where}: box: {box.reason}"

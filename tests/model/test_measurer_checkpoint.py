@@ -80,3 +80,28 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
 def test_settings_need_a_name() -> None:
     with pytest.raises(ValueError, match="name and a version"):
         MeasurerSettings(name="", version="1", numeric_mode=NumericMode.XVAL)
+
+
+def test_weights_that_do_not_match_the_model_are_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tokenizer = build_tokenizer()
+    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=special_ids(tokenizer))
+    model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
+    settings = MeasurerSettings(
+        name="radcaliper-test",
+        version="0.0.1",
+        numeric_mode=NumericMode.STANDARD,
+        measure_inputs=INPUTS,
+        head={},
+        calibration=None,
+        training={"seed": 0},
+    )
+    save_checkpoint(tmp_path, model, None, tokenizer, settings)
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(str(weights))
+    dropped = next(name for name in tensors if "layers.1." in name)
+    del tensors[dropped]
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="1 missing"):
+        load_checkpoint(tmp_path)

@@ -164,7 +164,7 @@ def test_patches_give_the_crops_of_the_whole_phantom(
     """Without jitter a crop cut from a finding's patch equals the crop from the whole volume
     (same voxels, same interpolation); with jitter, crops are fresh per draw and seeded. Patches
     are far smaller than the phantom."""
-    patches = finding_patches(phantom, inputs)
+    patches = finding_patches(phantom_volume(phantom), phantom.findings, inputs)
     assert [p.kind for p in patches] == [FindingKind(f.kind) for f in phantom.findings]
     still = dataclasses.replace(inputs, jitter_mm=0.0)
     whole = phantom_examples(phantom, still, np.random.default_rng(0))

@@ -14,9 +14,10 @@ from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
 from model.measurer.calibration import fit_calibration
 from model.measurer.checkpoint import NumericMode, build_head
-from model.measurer.data import MeasureExample, MeasureInputs, phantom_examples
-from model.measurer.inference import _outcome, measure_findings
+from model.measurer.data import MeasureInputs, phantom_examples
+from model.measurer.inference import measure_findings, outcome_for
 from model.measurer.results import NOT_MEASURABLE, FindingKind, MeasurementName
+from model.measurer.tasks import parse_measure
 from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
 from model.numeric.hf import NumericLM
 
@@ -30,25 +31,25 @@ CALIBRATION = fit_calibration(
 )
 
 
-def example(kind: FindingKind) -> MeasureExample:
-    return MeasureExample(kind, torch.zeros(1, 3, 56, 56), "measure the lesion", None)
+def _outcome(kind: FindingKind, text: str, calibration):  # type: ignore[no-untyped-def]
+    return outcome_for(kind, text, calibration, parse_measure(text, kind))
 
 
 def test_well_formed_answers_become_calibrated_measurements() -> None:
-    lesion = _outcome(example(FindingKind.LESION), "18 x 32.5 mm", CALIBRATION)
+    lesion = _outcome(FindingKind.LESION, "18 x 32.5 mm", CALIBRATION)
     assert lesion.parsed
     long, short = lesion.measurements
     assert (long.name, long.value_mm) == (MeasurementName.LONG_AXIS, 32.5)  # sorted
     assert (short.name, short.value_mm) == (MeasurementName.SHORT_AXIS, 18.0)
     assert long.range_mm is not None and long.range_mm[0] <= 32.5 <= long.range_mm[1]
     assert long.coverage == 0.9
-    vessel = _outcome(example(FindingKind.VESSEL), "31 mm", None)
+    vessel = _outcome(FindingKind.VESSEL, "31 mm", None)
     assert vessel.measurements[0].value_mm == 31.0 and vessel.measurements[0].range_mm is None
 
 
 @pytest.mark.parametrize("answer", ["32 mm", "1 x 2 x 3 mm", "none", "", "lesion lesion"])
 def test_malformed_answers_are_not_measurable(answer: str) -> None:
-    outcome = _outcome(example(FindingKind.LESION), answer, CALIBRATION)
+    outcome = _outcome(FindingKind.LESION, answer, CALIBRATION)
     assert not outcome.parsed
     assert [m.qualifier for m in outcome.measurements] == [NOT_MEASURABLE] * 2
     assert all(m.value_mm is None and "malformed" in (m.reason or "") for m in outcome.measurements)

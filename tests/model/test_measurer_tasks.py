@@ -401,3 +401,16 @@ def test_parsers_never_raise_on_decoded_tokens(
         text = with_values(text, [1.0] * text.count(NUM_TOKEN))
     for parsed in (parse_find(text), parse_measure(text, LESION), parse_point(text)):
         assert parsed.success == (parsed.reason is None)
+
+
+def test_one_image_answers_leave_the_slice_out() -> None:
+    findings = [FoundFinding(LESION, 0, (12, 40, 88, 101)), FoundFinding(VESSEL, 0, (1, 2, 3, 4))]
+    text = find_answer(findings, num_images=1)
+    assert text == "lesion box [12, 40, 88, 101] ; vessel box [1, 2, 3, 4] ; end"
+    assert parse_find(text, num_images=1) == ParsedFind(tuple(findings), True)
+    assert not parse_find(text, num_images=2).success  # several images need the slice
+    with_slice = parse_find("lesion slice 0 box [12, 40, 88, 101] ; end", num_images=1)
+    assert not with_slice.success and "<kind> box" in (with_slice.reason or "")
+    with pytest.raises(ValueError, match="one-image answer"):
+        find_answer([FoundFinding(LESION, 2, (12, 40, 88, 101))], num_images=1)
+    assert find_answer([], num_images=1) == "none"

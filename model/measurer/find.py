@@ -1,0 +1,234 @@
+"""Model inputs for the find task: one prompt per prepared axial plane, boxes as answers.
+
+A study is prepared once (``ingestion.prepare``, MONAI) at :attr:`FindInputs.pixel_mm` with its
+native slice spacing; every prepared plane becomes one find prompt with one image, and the
+answer lists the findings visible on that plane (``model.measurer.tasks``, one-image form: ``lesion
+box [row0, col0, row1, col1] ; ... ; end`` or ``none``). :mod:`model.measurer.grouping` joins the
+per-plane boxes into findings in 3-D.
+
+The image is one two-frame image (Qwen2.5-VL's temporal patch holds two frames, so the token
+count is that of a still image):
+
+- frame 0, the content: ``(soft, 1 - soft, wide)`` with ``soft`` the plane in a narrow
+  soft-tissue window and ``wide`` in a wide one, so that flat regions of different HU point in
+  different directions after the bias-free patch embedding (see ``images.contrast_channels``) and
+  a hyperdense lesion is told from a contrast-filled vessel;
+- frame 1, the coordinates: ``(row / (H - 1), column / (W - 1), 0.5)`` (CoordConv). Qwen's
+  vision tower has only relative (rotary) positions, so a tower trained from scratch cannot
+  otherwise tell where in the image a patch lies, which a box needs.
+
+Labels (training): a lesion is listed on a plane when the plane's slab (its centre +- half the
+slice spacing) cuts the ellipsoid in a cross-section at least :data:`VISIBLE_FRACTION` of the
+central one; its box is that cross-section's bounding box. A vessel is listed on every plane.
+Boxes are in pixels of the plane with pixel ``i`` covering ``[i, i + 1)`` (edges), findings in
+reading order of their box centres (row, then column).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from model.measurer.results import FindingKind
+from model.measurer.tasks import FoundFinding, find_answer, find_prompt
+
+if TYPE_CHECKING:
+    from ingestion.phantoms import TruthFinding
+    from ingestion.prepare import PrepareConfig, PreparedVolume
+    from ingestion.volume import Volume
+
+__all__ = [
+    "VISIBLE_FRACTION",
+    "FindExample",
+    "FindInputs",
+    "FindPlane",
+    "find_frames",
+    "find_planes",
+    "plane_images",
+    "plane_labels",
+    "prepare_for_find",
+]
+
+VISIBLE_FRACTION = 0.6
+"""A lesion is labelled on a plane whose cross-section is at least this fraction of its
+central one (linear size)."""
+
+
+@dataclass(frozen=True)
+class FindInputs:
+    """How find images are made (stored with a checkpoint: inference must match training).
+
+    Args:
+        pixel_mm: mm per image pixel.
+        size: image side in pixels (a multiple of 28); ``size * pixel_mm`` should cover the field
+            of view (the phantom spec's largest is 288 mm).
+        soft_window: (level, width) HU of frame 0's first two channels.
+        wide_window: (level, width) HU of frame 0's third channel.
+        coordinates: add the coordinate frame (for vision towers trained from scratch); without
+            it frame 1 repeats frame 0 (a still image, as the processor makes it).
+    """
+
+    pixel_mm: float = 1.75
+    size: int = 168
+    soft_window: tuple[float, float] = (40.0, 160.0)
+    wide_window: tuple[float, float] = (100.0, 600.0)
+    coordinates: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
+            raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
+        if self.size % 28 or self.size < 28:
+            raise ValueError(f"size must be a positive multiple of 28, got {self.size}")
+        for name in ("soft_window", "wide_window"):
+            level, width = getattr(self, name)
+            if not (math.isfinite(level) and math.isfinite(width) and width > 0):
+                raise ValueError(f"{name} must be (level, width > 0) in HU, got {(level, width)}")
+
+    def prepare_config(self) -> PrepareConfig:
+        """The ``ingestion.prepare`` configuration of these inputs (native slice spacing)."""
+        from ingestion.prepare import PrepareConfig
+
+        return PrepareConfig(
+            pixel_mm=self.pixel_mm,
+            size=(self.size, self.size),
+            windows=(self.soft_window, self.wide_window),
+        )
+
+
+@dataclass(frozen=True)
+class FindExample:
+    """One plane's image and texts; ``answer`` is None at inference."""
+
+    images: torch.Tensor  # (2, 3, H, W) float32 in [0, 1]: one two-frame image
+    prompt: str
+    answer: str | None
+
+
+def prepare_for_find(volume: Volume, inputs: FindInputs) -> PreparedVolume:
+    """The volume prepared for find prompts (MONAI; canonical axial, ``pixel_mm``, two windows)."""
+    from ingestion.prepare import prepare_volume
+
+    return prepare_volume(volume, inputs.prepare_config())
+
+
+def plane_images(prepared: PreparedVolume, inputs: FindInputs) -> torch.Tensor:
+    """(S, 2, 3, H, W) float32: every prepared plane as a two-frame find image."""
+    if prepared.image.shape[0] != 2:
+        raise ValueError(
+            f"a find volume has 2 windows (soft, wide), got {prepared.image.shape[0]}; "
+            "prepare it with prepare_for_find"
+        )
+    return find_frames(prepared.image.transpose(0, 1), inputs)
+
+
+def find_frames(windows: torch.Tensor, inputs: FindInputs) -> torch.Tensor:
+    """(S, 2, H, W) planes in the (soft, wide) windows -> (S, 2, 3, H, W) float32 find images
+    (frames and channels as in the module doc)."""
+    windows = windows.float()
+    soft, wide = windows[:, 0], windows[:, 1]  # (S, H, W) each
+    content = torch.stack((soft, 1.0 - soft, wide), dim=1)  # (S, 3, H, W)
+    s, _, h, w = content.shape
+    if inputs.coordinates:
+        rows = torch.linspace(0.0, 1.0, h).view(h, 1).expand(h, w)
+        columns = torch.linspace(0.0, 1.0, w).view(1, w).expand(h, w)
+        coords = torch.stack((rows, columns, torch.full((h, w), 0.5)))  # (3, H, W)
+        second = coords.expand(s, 3, h, w)
+    else:
+        second = content
+    return torch.stack((content, second), dim=1).contiguous()  # (S, 2, 3, H, W)
+
+
+def _cross_section_scale(finding: TruthFinding, plane_z: float, half_slab: float) -> float:
+    """Linear size of the lesion's largest cross-section inside the slab, relative to the
+    central one (0 when the slab misses it)."""
+    assert finding.cc_extent_mm is not None
+    distance = max(0.0, abs(plane_z - finding.center_lps_mm[2]) - half_slab)
+    ratio = 2.0 * distance / finding.cc_extent_mm
+    return math.sqrt(1.0 - ratio * ratio) if ratio < 1.0 else 0.0
+
+
+def _half_extents(finding: TruthFinding, scale: float) -> tuple[float, float]:
+    """(along y, along x) half-extents in mm of the finding's axial cross-section."""
+    if finding.kind == "vessel":
+        assert finding.diameter_mm is not None
+        radius = finding.diameter_mm / 2.0
+        return radius, radius
+    assert finding.long_axis_mm is not None and finding.short_axis_mm is not None
+    assert finding.rotation_deg is not None
+    a, b = finding.long_axis_mm / 2.0 * scale, finding.short_axis_mm / 2.0 * scale
+    theta = math.radians(finding.rotation_deg)  # long axis from +x towards +y
+    ex = math.hypot(a * math.cos(theta), b * math.sin(theta))
+    ey = math.hypot(a * math.sin(theta), b * math.cos(theta))
+    return ey, ex
+
+
+def plane_labels(
+    findings: Sequence[TruthFinding], prepared: PreparedVolume
+) -> list[list[FoundFinding]]:
+    """The findings visible on each prepared plane (module doc), in reading order."""
+    geometry = prepared.geometry
+    planes, rows, columns = (int(n) for n in prepared.image.shape[1:])
+    pixel = geometry.row_spacing
+    half_slab = geometry.slice_spacing / 2.0
+    out: list[list[FoundFinding]] = [[] for _ in range(planes)]
+    for finding in findings:
+        index = geometry.lps_to_index(np.asarray(finding.center_lps_mm, dtype=np.float64))
+        for k in range(planes):
+            plane_z = float(geometry.index_to_lps(np.array([k, 0.0, 0.0]))[2])
+            scale = 1.0
+            if finding.kind == "lesion":
+                scale = _cross_section_scale(finding, plane_z, half_slab)
+                if scale < VISIBLE_FRACTION:
+                    continue
+            ey, ex = _half_extents(finding, scale)
+            row, column = float(index[1]) + 0.5, float(index[2]) + 0.5  # edge coordinates
+            box = (
+                max(0.0, round(row - ey / pixel, 1)),
+                max(0.0, round(column - ex / pixel, 1)),
+                min(float(rows), round(row + ey / pixel, 1)),
+                min(float(columns), round(column + ex / pixel, 1)),
+            )
+            if box[0] < box[2] and box[1] < box[3]:
+                out[k].append(FoundFinding(FindingKind(finding.kind), 0, box))
+    for found in out:
+        found.sort(key=lambda f: ((f.box[0] + f.box[2]) / 2, (f.box[1] + f.box[3]) / 2))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class FindPlane:
+    """One prepared plane kept for training: its two windows (float16) and its labels."""
+
+    windows: torch.Tensor  # (2, H, W) float16 in [0, 1]: soft, wide
+    findings: tuple[FoundFinding, ...]
+
+    def example(self, inputs: FindInputs) -> FindExample:
+        images = find_frames(self.windows[None], inputs)[0]  # (2, 3, H, W)
+        return FindExample(images, find_prompt(1), find_answer(self.findings, num_images=1))
+
+
+def find_planes(
+    volume: Volume,
+    findings: Sequence[TruthFinding],
+    inputs: FindInputs,
+    rng: np.random.Generator,
+    *,
+    planes: int | None = None,
+) -> list[FindPlane]:
+    """Training planes of one study: ``planes`` planes drawn without replacement, those that
+    show a lesion twice as likely as the others (all planes when None)."""
+    prepared = prepare_for_find(volume, inputs)
+    labels = plane_labels(findings, prepared)
+    chosen: Sequence[int] = range(len(labels))
+    if planes is not None and planes < len(labels):
+        weight = np.array(
+            [2.0 if any(f.kind is FindingKind.LESION for f in found) else 1.0 for found in labels]
+        )
+        chosen = sorted(rng.choice(len(labels), planes, replace=False, p=weight / weight.sum()))
+    windows = prepared.image.to(torch.float16)  # (2, S, H, W)
+    return [FindPlane(windows[:, k].clone(), tuple(labels[k])) for k in chosen]

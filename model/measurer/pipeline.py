@@ -1,0 +1,369 @@
+"""The measurer a checkpoint makes: find, group, measure, calibrate (``Measurer`` protocol).
+
+``CheckpointMeasurer.measure(volume)``:
+
+1. checks that the model can handle the volume (CT, spacing near the training range, enough
+   slices); otherwise ``ModelError`` with the reason and what to do;
+2. prepares it for the find task (``ingestion.prepare``, MONAI) and asks one find prompt per
+   examined plane (planes at least :attr:`InferenceOptions.find_plane_mm` apart), batched;
+   a malformed answer drops that plane's boxes and is counted in the result's warnings;
+3. joins the boxes into findings (``model.measurer.grouping``);
+4. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
+   checkpoint's calibrated ranges; a malformed answer makes its measurements "not measurable".
+
+``measure_at`` answers the point task on a crop centred at the clicked point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ingestion.errors import ModelError
+from ingestion.volume import Modality, Volume
+from model.measurer.axes import Segment, parse_axes
+from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
+from model.measurer.data import axes_example, measure_example, point_example
+from model.measurer.find import FindExample, plane_images, prepare_for_find
+from model.measurer.grouping import GroupingRule, group_detections, plane_detections
+from model.measurer.inference import generate_texts, measure_findings, outcome_for
+from model.measurer.results import (
+    MEASUREMENTS_OF,
+    Measurement,
+    ModelInfo,
+    Segment3,
+    StudyFinding,
+    StudyResult,
+    renumber,
+)
+from model.measurer.tasks import (
+    FoundFinding,
+    ParsedMeasure,
+    find_prompt,
+    parse_find,
+    parse_point,
+)
+from model.measurer.tokenizer import special_ids
+from model.numeric.hf import NumericLM
+
+__all__ = ["CheckpointMeasurer", "InferenceOptions", "SupportedRange"]
+
+logger = logging.getLogger(__name__)
+
+MAX_FIND_TOKENS = 80  # six findings of 12 tokens, "end" and the end token
+MAX_FIND_TOKENS_DIGITS = 200  # the same with numbers as digits (standard tokens: up to 5 each)
+MAX_AXES_TOKENS = 64  # two segments of 4 numbers; digits fit too
+
+
+@dataclass(frozen=True)
+class SupportedRange:
+    """Volumes the model is allowed to measure (the phantom spec's ranges with a margin)."""
+
+    pixel_mm: tuple[float, float] = (0.4, 1.5)
+    slice_mm: tuple[float, float] = (0.5, 7.5)
+    min_slices: int = 3
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """How inference runs (not part of the checkpoint)."""
+
+    find_plane_mm: float = 2.0
+    find_batch: int = 64
+    measure_batch: int = 16
+    verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
+    grouping: GroupingRule = field(default_factory=GroupingRule)
+    supported: SupportedRange = field(default_factory=SupportedRange)
+
+
+class CheckpointMeasurer:
+    """A measurer checkpoint ready for inference (implements ``model.measurer.Measurer``)."""
+
+    def __init__(
+        self,
+        loaded: LoadedMeasurer,
+        *,
+        device: str | torch.device | None = None,
+        options: InferenceOptions | None = None,
+        directory: str | Path | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.directory = None if directory is None else Path(directory)
+        self._hash: str | None = None
+        self.options = options or InferenceOptions()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model: Any = loaded.model
+        if self.device.type == "cuda":
+            model.to(self.device, dtype=torch.bfloat16)
+        else:
+            model.to(self.device)
+        head: Any = loaded.head
+        if head is not None:
+            head.to(self.device)
+        ids = special_ids(loaded.tokenizer)
+        self.ids = ids
+        self.lm = NumericLM(model, loaded.head, ids["num"] if head is not None else None).eval()
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        *,
+        device: str | torch.device | None = None,
+        options: InferenceOptions | None = None,
+    ) -> CheckpointMeasurer:
+        """Load a checkpoint directory (``ModelError`` if it is not one)."""
+        return cls(load_checkpoint(directory), device=device, options=options, directory=directory)
+
+    @property
+    def checkpoint_hash(self) -> str:
+        """sha256 of the checkpoint directory's files (``checkpoint.checkpoint_hash``)."""
+        if self._hash is None:
+            if self.directory is None:
+                raise ModelError(
+                    "this measurer was not loaded from a directory: no checkpoint hash"
+                )
+            self._hash = checkpoint_hash(self.directory)
+        return self._hash
+
+    @property
+    def info(self) -> ModelInfo:
+        settings = self.loaded.settings
+        return ModelInfo(
+            settings.name,
+            settings.version,
+            settings.numeric_mode.value,
+            settings.not_for_clinical_use,
+        )
+
+    # --- the protocol --------------------------------------------------------------------------
+
+    def measure(self, volume: Volume, *, source: str) -> StudyResult:
+        """All findings of ``volume`` (module doc)."""
+        self._check(volume)
+        warnings: list[str] = []
+        grouped = self._find(volume, warnings)
+        verify = self.options.verify
+        if verify is None:
+            verify = self.loaded.settings.verify_candidates
+        if verify:
+            grouped = self._verify(volume, grouped, warnings)
+        inputs = self.loaded.settings.measure_inputs
+        examples = [measure_example(volume, g.center_lps_mm, g.kind, inputs) for g in grouped]
+        outcomes = measure_findings(
+            self.lm,
+            self.loaded.tokenizer,
+            examples,
+            calibration=self.loaded.settings.calibration,
+            batch_size=self.options.measure_batch,
+            device=self.device,
+        )
+        failed = sum(not o.parsed for o in outcomes)
+        if failed:
+            warnings.append(f"{failed} of {len(outcomes)} measure answers were malformed")
+        axes = self._axes(volume, grouped, warnings)
+        findings = [
+            StudyFinding(
+                0,
+                g.kind,
+                g.center_lps_mm,
+                _source_slice(volume, g.center_lps_mm),
+                o.measurements,
+                a,
+            )
+            for g, o, a in zip(grouped, outcomes, axes, strict=True)
+        ]
+        identifiers = volume.identifiers
+        return StudyResult(
+            study_instance_uid=identifiers.study_instance_uid,
+            series_instance_uid=identifiers.series_instance_uid,
+            patient_id=identifiers.patient_id or "",
+            source=source,
+            model=self.info,
+            findings=renumber(findings),
+            warnings=tuple(warnings),
+        )
+
+    def measure_at(
+        self, volume: Volume, point_lps_mm: tuple[float, float, float]
+    ) -> StudyFinding | None:
+        """The finding under a clicked point, or None when the model sees none there.
+
+        Raises ``ModelError`` when the answer is malformed before it names a kind.
+        """
+        self._check(volume)
+        point = tuple(float(v) for v in point_lps_mm)
+        if len(point) != 3 or not all(math.isfinite(v) for v in point):
+            raise ValueError(f"point_lps_mm must be three finite numbers, got {point_lps_mm!r}")
+        inputs = self.loaded.settings.measure_inputs
+        example = point_example(volume, point, inputs)
+        text = self._generate([example], max_new_tokens=16)[0]
+        parsed = parse_point(text)
+        if parsed.success and parsed.kind is None:
+            return None
+        if not parsed.success:
+            if parsed.kind is None:
+                raise ModelError(
+                    f"the model's answer at this point was malformed ({parsed.reason}); "
+                    "nothing was measured there"
+                )
+            reason = f"malformed model answer {text!r}: {parsed.reason}"
+            kind = parsed.kind
+            measurements = tuple(
+                Measurement.not_measurable(name, reason) for name in MEASUREMENTS_OF[kind]
+            )
+            logger.warning("the point answer was malformed (not measurable)")
+        else:
+            assert parsed.kind is not None
+            kind = parsed.kind
+            calibration = self.loaded.settings.calibration
+            as_measure = ParsedMeasure(parsed.values, True)
+            measurements = outcome_for(kind, text, calibration, as_measure).measurements
+        center = (point[0], point[1], point[2])
+        return StudyFinding(1, kind, center, _source_slice(volume, center), measurements)
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    def _check(self, volume: Volume) -> None:
+        if volume.modality is Modality.MR:
+            raise ModelError(
+                f"{self.info.name} {self.info.version} is trained on CT only and cannot measure "
+                "MR studies"
+            )
+        if volume.modality is None:
+            raise ModelError(
+                "the volume's modality is unknown (NIfTI records none); set "
+                "RADCALIPER_NIFTI_MODALITY=CT if it is a CT in Hounsfield units"
+            )
+        supported = self.options.supported
+        spacing = volume.geometry.spacing  # (slice, row, column)
+        pixel = max(spacing[1], spacing[2])
+        if not supported.pixel_mm[0] <= pixel <= supported.pixel_mm[1]:
+            raise ModelError(
+                f"pixel spacing {pixel:g} mm is outside what {self.info.name} was trained for "
+                f"({supported.pixel_mm[0]:g}-{supported.pixel_mm[1]:g} mm); not measured"
+            )
+        if not supported.slice_mm[0] <= spacing[0] <= supported.slice_mm[1]:
+            raise ModelError(
+                f"slice spacing {spacing[0]:g} mm is outside what {self.info.name} was trained "
+                f"for ({supported.slice_mm[0]:g}-{supported.slice_mm[1]:g} mm); not measured"
+            )
+        if volume.shape[0] < supported.min_slices:
+            raise ModelError(
+                f"{volume.shape[0]} slice(s): the model needs at least {supported.min_slices} "
+                "axial slices to find lesions"
+            )
+
+    def _find(self, volume: Volume, warnings: list[str]) -> list[Any]:
+        inputs = self.loaded.settings.find_inputs
+        prepared = prepare_for_find(volume, inputs)
+        native = prepared.geometry.slice_spacing
+        stride = max(1, round(self.options.find_plane_mm / native))
+        planes = list(range(0, prepared.shape[0], stride))
+        images = plane_images(prepared, inputs)  # (S, 2, 3, H, W)
+        prompt = find_prompt(1)
+        examples = [FindExample(images[k], prompt, None) for k in planes]
+        answers: list[Sequence[FoundFinding]] = []
+        malformed = 0
+        batch = self.options.find_batch
+        for start in range(0, len(examples), batch):
+            limit = MAX_FIND_TOKENS if self.lm.numeric_head is not None else MAX_FIND_TOKENS_DIGITS
+            texts = self._generate(examples[start : start + batch], limit)
+            for text in texts:
+                parsed = parse_find(text, num_images=1)
+                if not parsed.success:
+                    malformed += 1
+                    logger.debug("malformed find answer: %s", parsed.reason)
+                answers.append(parsed.findings if parsed.success else ())
+        if malformed:
+            warnings.append(
+                f"{malformed} of {len(examples)} find answers were malformed; their planes were "
+                "not searched"
+            )
+            logger.warning("%d of %d find answers were malformed", malformed, len(examples))
+        detections = plane_detections(answers, planes, prepared.geometry)
+        return group_detections(detections, native * stride, self.options.grouping)
+
+    def _verify(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
+        """Keep the candidates that the point task, asked at their centres, calls a finding;
+        its kind wins over the find step's (it sees the finding at a higher resolution)."""
+        if not grouped:
+            return []
+        inputs = self.loaded.settings.measure_inputs
+        kept = []
+        dropped = malformed = 0
+        batch = self.options.measure_batch
+        for start in range(0, len(grouped), batch):
+            chunk = grouped[start : start + batch]
+            examples = [point_example(volume, g.center_lps_mm, inputs) for g in chunk]
+            for candidate, text in zip(chunk, self._generate(examples, 16), strict=True):
+                parsed = parse_point(text)
+                if not parsed.success:
+                    malformed += 1
+                    kept.append(candidate)  # no answer is no evidence against it
+                elif parsed.kind is None:
+                    dropped += 1
+                else:
+                    kept.append(dataclasses.replace(candidate, kind=parsed.kind))
+        if malformed:
+            warnings.append(f"{malformed} of {len(grouped)} point answers were malformed")
+        logger.debug("verification dropped %d of %d candidates", dropped, len(grouped))
+        return kept
+
+    def _axes(
+        self, volume: Volume, grouped: Sequence[Any], warnings: list[str]
+    ) -> list[tuple[Segment3, ...] | None]:
+        """Each finding's axes in LPS (model.measurer.axes), or None: the model was not trained
+        on the axes task, or its answer was malformed (counted in the warnings)."""
+        if "axes" not in self.loaded.settings.tasks or not grouped:
+            return [None] * len(grouped)
+        inputs = self.loaded.settings.measure_inputs
+        out: list[tuple[Segment3, ...] | None] = []
+        malformed = 0
+        batch = self.options.measure_batch
+        for start in range(0, len(grouped), batch):
+            chunk = grouped[start : start + batch]
+            examples = [axes_example(volume, g.center_lps_mm, g.kind, inputs) for g in chunk]
+            texts = self._generate([e for e in examples if e is not None], MAX_AXES_TOKENS)
+            for example, text in zip(examples, texts, strict=True):
+                assert example is not None  # without truth an axes example is always made
+                parsed = parse_axes(text, example.kind)
+                if not parsed.success:
+                    malformed += 1
+                    out.append(None)
+                    continue
+                frame = (example.crop.image.shape[0] - 1) / 2
+                out.append(tuple(_segment_lps(example.crop, frame, s) for s in parsed.segments))
+        if malformed:
+            warnings.append(f"{malformed} of {len(grouped)} axes answers were malformed")
+        return out
+
+    def _generate(self, examples: Sequence[Any], max_new_tokens: int) -> list[str]:
+        return generate_texts(
+            self.lm,
+            self.loaded.tokenizer,
+            examples,
+            max_new_tokens=max_new_tokens,
+            device=self.device,
+        )
+
+
+def _segment_lps(crop: Any, frame: float, segment: Segment) -> Segment3:
+    """Crop pixel edges (row, column) -> LPS mm end points (pixel centres are edges - 0.5)."""
+    (r0, c0), (r1, c1) = segment
+    a, b = crop.pixel_to_lps([(frame, r0 - 0.5, c0 - 0.5), (frame, r1 - 0.5, c1 - 0.5)])
+    return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
+
+
+def _source_slice(volume: Volume, center: Sequence[float]) -> int:
+    """The source slice nearest to ``center`` (for the SOP instance the finding refers to)."""
+    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
+    return int(min(volume.shape[0] - 1, max(0, round(float(index[0])))))

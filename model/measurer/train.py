@@ -1,0 +1,679 @@
+"""Training the measurer: both tasks, two stages, deterministic and resumable.
+
+Each step draws a batch of measure crops and a batch of find planes from the :class:`StudyPool`
+(the step's own generator, so a resumed run draws the same batches), runs ``NumericLM`` on each
+and minimises the sum of their losses, each ``CE + lambda * numeric loss`` with ``lambda``
+ramped linearly (``LambdaRamp``) over the first :attr:`TrainConfig.lambda_ramp_steps`.
+
+Stages (:class:`Stage`) run one after the other with their own optimiser and schedule (linear
+warm-up, cosine decay to 10 %): the default model, trained from scratch, has stage 1 with a wide
+RNED label (``sigma`` 3 -> 1 mm: the candidate softmax has no coarse signal from scratch with a
+narrow one) and stage 2 refining at a lower rate with a narrow label (1 -> 0.5 mm). A real
+Qwen2.5-VL (``model.measurer.base``) trains the projector first, then LoRA adapters.
+
+State (``OUT/train_state``) is written every :attr:`TrainConfig.checkpoint_every` steps and at
+the end: the model and head as safetensors, the AdamW moments as safetensors, and
+``state.json`` (step, stage, config). ``train(..., resume=True)`` continues from it; the
+result equals an uninterrupted run on the same machine and thread count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from ingestion.errors import ConfigurationError
+from model.measurer.checkpoint import (
+    MeasurerSettings,
+    NumericMode,
+    build_head,
+    save_checkpoint,
+)
+from model.measurer.data import MeasureInputs, collate, encode_example
+from model.measurer.find import FindInputs
+from model.measurer.pool import StudyPool, StudySource
+from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.numeric.hf import NumericLM
+from model.numeric.losses import LambdaRamp
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+    from model.measurer.data import Prompted
+
+__all__ = [
+    "BackboneSize",
+    "PoolSettings",
+    "Stage",
+    "StepReport",
+    "TrainConfig",
+    "build_default_model",
+    "train",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "train_state"
+STATE_NAME = "state.json"
+LM_NAME = "lm.safetensors"
+OPTIMIZER_NAME = "optimizer.safetensors"
+
+
+@dataclass(frozen=True)
+class BackboneSize:
+    """The default model's size: transformers' Qwen2.5-VL classes, tiny."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vision_hidden: int = 64
+    vision_depth: int = 2
+    initializer_range: float = 0.02
+    circle_rope_strategy: str = "alternate"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage.
+
+    Args:
+        name: for logs and the model card.
+        steps: optimiser steps.
+        lr: peak learning rate (AdamW), after ``warmup_steps``; cosine decay to 10 % at the end.
+        trainable: ``all`` (from scratch), ``projector`` (vision merger, [NUM] row and head) or
+            ``lora`` (LoRA adapters plus the projector; real checkpoints only).
+        sigma: (start, end) label width (mm) of RNED's candidate softmax, linear over the stage.
+    """
+
+    name: str
+    steps: int
+    lr: float
+    trainable: str = "all"
+    sigma: tuple[float, float] = (3.0, 1.0)
+    warmup_steps: int = 200
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or not (self.lr > 0):
+            raise ValueError(f"stage {self.name}: steps >= 0 and lr > 0 needed")
+        if self.trainable not in ("all", "projector", "lora"):
+            raise ValueError(f"stage {self.name}: trainable must be all, projector or lora")
+        object.__setattr__(self, "sigma", tuple(float(s) for s in self.sigma))
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The rolling pool (``model.measurer.pool``)."""
+
+    size: int = 600
+    initial: int = 200
+    studies_per_step: float = 0.25
+    planes_per_study: int = 6
+    background_per_study: int = 2
+    click_fraction: float = 0.0  # > 0: clicks anywhere inside a finding (model.measurer.data)
+
+
+def _default_stages() -> tuple[Stage, ...]:
+    return (
+        Stage("from scratch", 12000, 1e-3, sigma=(3.0, 1.0)),
+        Stage("refine", 3000, 2e-4, sigma=(1.0, 0.5), warmup_steps=50),
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides a training run (stored with the checkpoint)."""
+
+    seed: int = 0
+    numeric_mode: NumericMode = NumericMode.RNED_CORR
+    size: BackboneSize = field(default_factory=BackboneSize)
+    stages: tuple[Stage, ...] = field(default_factory=_default_stages)
+    measure_batch: int = 32
+    find_batch: int = 8
+    point_batch: int = 8
+    axes_batch: int = 0  # the axes task (model.measurer.axes); 0: not trained
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    lambda_max: float = 1.0
+    lambda_ramp_steps: int = 1000
+    number_hi: float = 300.0  # RNED codec / xVal range [0, number_hi] (mm and pixels)
+    measure_inputs: MeasureInputs = field(
+        default_factory=lambda: MeasureInputs(window=(40.0, 160.0), jitter_mm=4.0, jitter_z_mm=1.0)
+    )
+    find_inputs: FindInputs = field(default_factory=FindInputs)
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    checkpoint_every: int = 1000
+    threads: int | None = None
+    base_model: str | None = None  # a local Qwen2.5-VL directory instead of the default model
+    init_from: str | None = None  # start from this checkpoint's weights (same model and mode)
+    lora_rank: int = 128
+    lora_alpha: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
+        if not self.stages:
+            raise ValueError("a training run needs at least one stage")
+        batches = (self.measure_batch, self.find_batch, self.point_batch, self.axes_batch)
+        if min(batches) < 0 or not any(batches):
+            raise ValueError("the batch sizes must be >= 0, not all 0")
+
+    @classmethod
+    def for_base_model(cls, directory: str, *, steps: int = 4000, **changes: Any) -> TrainConfig:
+        """Defaults for a real Qwen2.5-VL: a projector-only stage (a quarter of the steps), then
+        LoRA (rank 128, alpha 256); grey images without the coordinate frame, as its
+        pretrained vision tower expects."""
+        first = max(1, steps // 4)
+        values: dict[str, Any] = {
+            "base_model": str(directory),
+            "stages": (
+                Stage("projector", first, 1e-3, trainable="projector", sigma=(3.0, 1.0)),
+                Stage("lora", steps - first, 2e-4, trainable="lora", sigma=(1.0, 0.5)),
+            ),
+            "measure_inputs": MeasureInputs(
+                window=(40.0, 160.0), contrast=False, jitter_mm=4.0, jitter_z_mm=1.0
+            ),
+            "find_inputs": FindInputs(coordinates=False),
+        }
+        values.update(changes)
+        return cls(**values)
+
+    @classmethod
+    def tiny(cls, **changes: Any) -> TrainConfig:
+        """A configuration of the same classes and code at a size that trains a few steps in
+        seconds on a CPU (tests, ``radcaliper evaluate --quick``); ``changes`` override fields."""
+        values: dict[str, Any] = {
+            "seed": 1,
+            "size": BackboneSize(hidden_size=64, num_layers=2, vision_hidden=32, vision_depth=1),
+            "stages": (
+                Stage("a", 2, 1e-3, warmup_steps=1),
+                Stage("b", 1, 1e-4, warmup_steps=1),
+            ),
+            "measure_batch": 2,
+            "find_batch": 1,
+            "point_batch": 1,
+            "axes_batch": 1,
+            "measure_inputs": MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0)),
+            "find_inputs": FindInputs(pixel_mm=3.0, size=112),
+            "pool": PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
+            "threads": 1,
+        }
+        values.update(changes)
+        return cls(**values)
+
+    @property
+    def total_steps(self) -> int:
+        return sum(stage.steps for stage in self.stages)
+
+    def head_options(self) -> dict[str, Any]:
+        """The numeric head's constructor options (saved in ``radcaliper.json``)."""
+        if self.numeric_mode == NumericMode.STANDARD:
+            return {}
+        if self.numeric_mode == NumericMode.XVAL:
+            return {"lo": 0.0, "hi": self.number_hi}
+        options: dict[str, Any] = {"lo": 0.0, "hi": self.number_hi, "seed": self.seed}
+        options["scale"] = self.size.initializer_range
+        if self.numeric_mode == NumericMode.RNED_CORR:
+            options["loss"] = "softmax"
+        return options
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainConfig:
+        values = dict(data)
+        values["size"] = BackboneSize(**values["size"])
+        values["stages"] = tuple(Stage(**s) for s in values["stages"])
+        inputs = dict(values["measure_inputs"])
+        inputs["window"] = tuple(inputs["window"])
+        values["measure_inputs"] = MeasureInputs(**inputs)
+        find = dict(values["find_inputs"])
+        find["soft_window"] = tuple(find["soft_window"])
+        find["wide_window"] = tuple(find["wide_window"])
+        values["find_inputs"] = FindInputs(**find)
+        values["pool"] = PoolSettings(**values["pool"])
+        return cls(**values)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "value") and isinstance(getattr(value, "value", None), str):
+        return value.value
+    return value
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What the progress callback gets after each step."""
+
+    step: int  # 1-based, over all stages
+    total: int
+    stage: str
+    loss: float
+    measure_loss: float | None
+    find_loss: float | None
+    point_loss: float | None
+    numeric_loss: float | None
+    seconds: float  # since this process started training
+    axes_loss: float | None = None
+
+
+def build_default_model(
+    size: BackboneSize, tokenizer: PreTrainedTokenizerBase
+) -> CircleRopeQwen2_5_VLForConditionalGeneration:
+    """A fresh default model: tiny Circle-RoPE Qwen2.5-VL over the default tokenizer."""
+    from model.backbone import tiny_qwen2_5_vl_kwargs
+    from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
+    from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+
+    kwargs = tiny_qwen2_5_vl_kwargs(
+        hidden_size=size.hidden_size,
+        num_layers=size.num_layers,
+        num_heads=size.num_heads,
+        num_kv_heads=size.num_kv_heads,
+        vocab_size=len(VOCAB),
+        special_ids=special_ids(tokenizer),
+        initializer_range=size.initializer_range,
+        vision_hidden=size.vision_hidden,
+    )
+    kwargs["vision_config"]["depth"] = size.vision_depth
+    kwargs["vision_config"]["fullatt_block_indexes"] = list(range(size.vision_depth))
+    config = CircleRopeQwen2_5_VLConfig(circle_rope_strategy=size.circle_rope_strategy, **kwargs)
+    return CircleRopeQwen2_5_VLForConditionalGeneration(config)
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """What the loop works on."""
+
+    lm: NumericLM
+    tokenizer: PreTrainedTokenizerBase
+    pool: StudyPool
+    config: TrainConfig
+    pad_id: int
+    numeric: bool
+    device: torch.device
+
+
+def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
+    """Set ``requires_grad`` for the stage and return the trainable parameters."""
+    model: Any = lm.model
+    for name, parameter in lm.named_parameters():
+        if stage.trainable == "all":
+            parameter.requires_grad_(True)
+        elif stage.trainable == "projector":
+            parameter.requires_grad_(
+                name.startswith("numeric_head.")
+                or ".visual.merger." in name
+                or "embed_tokens" in name
+            )
+        else:  # lora: peft marks its adapters trainable; keep the projector and head too
+            parameter.requires_grad_(
+                "lora_" in name or name.startswith("numeric_head.") or ".visual.merger." in name
+            )
+    del model
+    return [p for p in lm.parameters() if p.requires_grad]
+
+
+def _lr_factor(step_in_stage: int, stage: Stage) -> float:
+    """Linear warm-up, then cosine from 1 to 0.1 over the rest of the stage."""
+    if step_in_stage < stage.warmup_steps:
+        return (step_in_stage + 1) / stage.warmup_steps
+    rest = max(1, stage.steps - stage.warmup_steps)
+    progress = min(1.0, (step_in_stage - stage.warmup_steps) / rest)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _task_loss(
+    run: _Run,
+    examples: Sequence[Prompted],
+    lambda_: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    encoded = [encode_example(e, run.tokenizer, numeric=run.numeric) for e in examples]
+    batch = collate(encoded, run.pad_id)
+    device = run.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        out = run.lm(
+            batch.input_ids.to(device),
+            batch.attention_mask.to(device),
+            batch.num_values.to(device) if run.numeric else None,
+            labels=batch.labels.to(device),
+            lambda_=lambda_,
+            pixel_values=batch.pixel_values.to(device),
+            image_grid_thw=batch.image_grid_thw.to(device),
+        )
+    assert out.loss is not None
+    return out.loss, out.numeric_loss
+
+
+def _value(loss: torch.Tensor | None) -> float | None:
+    return None if loss is None else float(loss.detach())
+
+
+def _set_sigma(lm: NumericLM, stage: Stage, step_in_stage: int) -> None:
+    head: Any = lm.numeric_head
+    if head is None or getattr(head, "loss_name", None) != "softmax":
+        return
+    start, end = stage.sigma
+    fraction = step_in_stage / max(1, stage.steps - 1)
+    head.loss_options["sigma"] = start + (end - start) * min(1.0, fraction)
+
+
+def _step_generators(seed: int, step: int) -> tuple[np.random.Generator, torch.Generator]:
+    rng = np.random.default_rng([seed, step, 7])
+    generator = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+    return rng, generator
+
+
+def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Write ``OUT/train_state`` atomically: every parameter and buffer of the NumericLM (LoRA
+    adapters included), the AdamW moments and ``state.json``."""
+    from safetensors.torch import save_file, save_model
+
+    state_dir = out / STATE_DIR
+    partial = out / (STATE_DIR + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    save_model(run.lm, str(partial / LM_NAME))
+    names = {id(p): n for n, p in run.lm.named_parameters()}
+    moments: dict[str, torch.Tensor] = {}
+    steps: dict[str, float] = {}
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter)
+            if not state:
+                continue
+            name = names[id(parameter)]
+            moments[f"{name}::exp_avg"] = state["exp_avg"].contiguous()
+            moments[f"{name}::exp_avg_sq"] = state["exp_avg_sq"].contiguous()
+            steps[name] = float(state["step"])
+    save_file(moments, str(partial / OPTIMIZER_NAME))
+    state_json = {"step": step, "config": run.config.to_json(), "adam_steps": steps}
+    (partial / STATE_NAME).write_text(json.dumps(state_json, indent=1) + "\n")
+    if state_dir.exists():
+        old = out / (STATE_DIR + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        state_dir.rename(old)
+        partial.rename(state_dir)
+        shutil.rmtree(old)
+    else:
+        partial.rename(state_dir)
+
+
+def _load_moments(
+    state_dir: Path, lm: NumericLM, optimizer: torch.optim.Optimizer, steps: Mapping[str, float]
+) -> None:
+    from safetensors.torch import load_file
+
+    moments = load_file(str(state_dir / OPTIMIZER_NAME))
+    named = dict(lm.named_parameters())
+    for name, step in steps.items():
+        parameter = named[name]
+        if not parameter.requires_grad:
+            continue
+        optimizer.state[parameter] = {
+            "step": torch.tensor(step),
+            "exp_avg": moments[f"{name}::exp_avg"],
+            "exp_avg_sq": moments[f"{name}::exp_avg_sq"],
+        }
+
+
+def _settings(
+    config: TrainConfig,
+    name: str,
+    version: str,
+    head: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+) -> MeasurerSettings:
+    return MeasurerSettings(
+        name=name,
+        version=version,
+        numeric_mode=config.numeric_mode,
+        measure_inputs=dataclasses.replace(config.measure_inputs, jitter_mm=0.0, jitter_z_mm=0.0),
+        find_inputs=config.find_inputs,
+        tasks=("find", "measure", "point", *(("axes",) if config.axes_batch else ())),
+        # clicks anywhere on a finding train the point task to confirm off-centre candidates
+        verify_candidates=config.pool.click_fraction > 0 and config.point_batch > 0,
+        head=head,
+        training={**provenance, "config": config.to_json()},
+    )
+
+
+def _build(config: TrainConfig) -> tuple[NumericLM, PreTrainedTokenizerBase, dict[str, Any]]:
+    """The model to train (default or ``config.base_model``), its tokenizer and head options."""
+    torch.manual_seed(config.seed)
+    options = config.head_options()
+    tokenizer: PreTrainedTokenizerBase
+    model: Any
+    if config.base_model is None:
+        tokenizer = build_tokenizer()
+        model = build_default_model(config.size, tokenizer)
+    else:
+        from model.measurer.base import load_base_model
+
+        model, tokenizer = load_base_model(
+            config.base_model, circle_rope_strategy=config.size.circle_rope_strategy
+        )
+        if "scale" in options:  # the codec's base vector at the scale of the real embeddings
+            options["scale"] = float(model.get_input_embeddings().weight.detach().std())
+    dim = int(model.config.text_config.hidden_size)
+    head = build_head(config.numeric_mode, dim, options)
+    if config.init_from is not None:  # continue from a trained checkpoint's weights
+        from model.measurer.checkpoint import load_checkpoint
+
+        start = load_checkpoint(config.init_from)
+        if start.settings.numeric_mode != config.numeric_mode:
+            raise ConfigurationError(
+                f"--init {config.init_from} is a {start.settings.numeric_mode} model; this run "
+                f"trains {config.numeric_mode}"
+            )
+        model.load_state_dict(start.model.state_dict())
+        if head is not None and start.head is not None:
+            module: Any = head
+            module.load_state_dict(cast(Any, start.head).state_dict())
+    num = special_ids(tokenizer)["num"] if head is not None else None
+    return NumericLM(model, head, num), tokenizer, options
+
+
+def _lora_from(config: TrainConfig) -> int | None:
+    """The global step at which LoRA adapters are added (the first "lora" stage), or None."""
+    begin = 0
+    for stage in config.stages:
+        if stage.trainable == "lora":
+            return begin
+        begin += stage.steps
+    return None
+
+
+def train(
+    config: TrainConfig,
+    out_dir: str | Path,
+    source: StudySource,
+    *,
+    name: str = "radcaliper-demo",
+    version: str = "0.1.0",
+    provenance: Mapping[str, Any] | None = None,
+    resume: bool = True,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_study: Callable[[int], None] | None = None,
+    device: str | torch.device | None = None,
+) -> Path:
+    """Train the measurer on ``source`` into the checkpoint directory ``out_dir``.
+
+    ``device``: default a CUDA GPU where there is one (bf16 autocast), else the CPU (float32).
+
+    With ``resume`` and a ``train_state`` in ``out_dir`` from the same configuration, training
+    continues where it stopped. Returns ``out_dir`` holding the final checkpoint (LoRA merged;
+    no calibration: run ``radcaliper calibrate`` next).
+
+    Raises:
+        ConfigurationError: ``out_dir`` holds the state of a run with another configuration.
+        ModelError: ``config.base_model`` is not a usable local Qwen2.5-VL directory.
+    """
+    from safetensors.torch import load_model
+
+    from model.measurer.base import add_lora, merge_lora
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    lm, tokenizer, head_options = _build(config)
+    head = lm.numeric_head
+    extra = dict(provenance or {})
+    extra["source"] = source.describe()
+    settings = _settings(config, name, version, head_options, extra)
+    lora_step = _lora_from(config)
+
+    start = 0
+    state_dir = out / STATE_DIR
+    adam_steps: Mapping[str, float] = {}
+    if resume and (state_dir / STATE_NAME).is_file():
+        state = json.loads((state_dir / STATE_NAME).read_text())
+        if state["config"] != config.to_json():
+            raise ConfigurationError(
+                f"{state_dir} holds a run with another configuration; choose a new output "
+                "directory or pass --no-resume to start over"
+            )
+        start = int(state["step"])
+        if lora_step is not None and start >= lora_step:
+            add_lora(lm.model, rank=config.lora_rank, alpha=config.lora_alpha)
+        load_model(lm, str(state_dir / LM_NAME))
+        adam_steps = state["adam_steps"]
+        logger.info("resuming at step %d of %d", start, config.total_steps)
+    lm.train()
+
+    pool = StudyPool(
+        source,
+        config.measure_inputs,
+        config.find_inputs,
+        size=config.pool.size,
+        initial=config.pool.initial,
+        studies_per_step=config.pool.studies_per_step,
+        planes_per_study=config.pool.planes_per_study,
+        background_per_study=config.pool.background_per_study,
+        click_fraction=config.pool.click_fraction,
+        seed=config.seed,
+        on_study=on_study,
+    )
+    lm.to(device)
+    run = _Run(lm, tokenizer, pool, config, special_ids(tokenizer)["pad"], head is not None, device)
+    ramp = LambdaRamp(0, config.lambda_ramp_steps, config.lambda_max)
+    began = time.monotonic()
+
+    stage_start = 0
+    for stage in config.stages:
+        stage_end = stage_start + stage.steps
+        if start >= stage_end:
+            stage_start = stage_end
+            continue
+        if stage.trainable == "lora" and not any("lora_" in n for n, _ in lm.named_parameters()):
+            count = add_lora(lm.model, rank=config.lora_rank, alpha=config.lora_alpha)
+            logger.info("LoRA rank %d: %d adapter parameters", config.lora_rank, count)
+        parameters = _trainable(lm, stage)
+        optimizer = torch.optim.AdamW(
+            parameters, lr=stage.lr, weight_decay=config.weight_decay, foreach=False
+        )
+        if adam_steps and start > stage_start:
+            _load_moments(state_dir, lm, optimizer, adam_steps)
+        for step in range(max(start, stage_start), stage_end):
+            total = _train_step(run, optimizer, parameters, stage, step - stage_start, step, ramp)
+            done = step + 1
+            if on_step is not None:
+                on_step(
+                    StepReport(
+                        done,
+                        config.total_steps,
+                        stage.name,
+                        sum(v for k, v in total.items() if k != "numeric"),
+                        total.get("measure"),
+                        total.get("find"),
+                        total.get("point"),
+                        total.get("numeric"),
+                        time.monotonic() - began,
+                        total.get("axes"),
+                    )
+                )
+            if done % config.checkpoint_every == 0 or done == stage_end:
+                _save_state(out, run, optimizer, done)
+        stage_start = stage_end
+        adam_steps = {}
+
+    if head is not None and getattr(head, "loss_name", None) == "softmax":
+        final: Any = head
+        final.loss_options.pop("generator", None)
+        final.loss_options["sigma"] = config.stages[-1].sigma[1]
+    merge_lora(lm.model)
+    lm.eval()
+    lm.to("cpu")
+    model: Any = lm.model
+    save_checkpoint(out, model, head, tokenizer, settings)
+    return out
+
+
+def _train_step(
+    run: _Run,
+    optimizer: torch.optim.Optimizer,
+    parameters: Sequence[nn.Parameter],
+    stage: Stage,
+    local: int,
+    step: int,
+    ramp: LambdaRamp,
+) -> dict[str, float]:
+    """One optimiser step over the three tasks' batches; returns their losses (and "numeric",
+    the measure task's numeric loss)."""
+    config, lm = run.config, run.lm
+    for group in optimizer.param_groups:
+        group["lr"] = stage.lr * _lr_factor(local, stage)
+    _set_sigma(lm, stage, local)
+    run.pool.advance(step)
+    rng, generator = _step_generators(config.seed, step)
+    head: Any = lm.numeric_head
+    if head is not None and getattr(head, "loss_name", None) == "softmax":
+        head.loss_options["generator"] = generator
+    lambda_ = ramp(step)
+    losses: dict[str, torch.Tensor] = {}
+    report: dict[str, float] = {}
+    draws = (
+        ("measure", config.measure_batch, run.pool.measure_examples),
+        ("find", config.find_batch, run.pool.find_examples),
+        ("point", config.point_batch, run.pool.point_examples),
+        ("axes", config.axes_batch, run.pool.axes_examples),
+    )
+    for task, count, draw in draws:
+        examples = draw(count, rng) if count else []
+        if examples:
+            loss, numeric = _task_loss(run, examples, lambda_)
+            losses[task] = loss
+            report[task] = float(loss.detach())
+            if task == "measure" and numeric is not None:
+                report["numeric"] = float(numeric.detach())
+    total = torch.stack(list(losses.values())).sum()
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
+    optimizer.step()
+    return report

@@ -1,0 +1,177 @@
+"""The real-checkpoint path (model.measurer.base): a tiny Qwen2.5-VL saved to a temporary
+directory, as a local checkpoint would be, loads without a hub, gains [NUM], trains a projector
+stage then LoRA, resumes, and saves a merged checkpoint that loads and measures without peft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+)
+
+from ingestion.errors import ModelError
+from ingestion.phantoms import generate_phantom, study_seed
+from model.backbone import tiny_qwen2_5_vl_kwargs
+from model.measurer.base import add_lora, load_base_model, lora_parameters, merge_lora
+from model.measurer.checkpoint import load_checkpoint
+from model.measurer.data import MeasureInputs, phantom_volume
+from model.measurer.find import FindInputs
+from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.pool import PhantomSource
+from model.measurer.tokenizer import NUM, VOCAB
+from model.measurer.train import BackboneSize, PoolSettings, StepReport, TrainConfig, train
+
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
+VISION = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def _qwen_like_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with Qwen2.5-VL's special tokens and no [NUM] (as a real one)."""
+    vocab = [t for t in VOCAB if t != NUM]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    backend.add_special_tokens([AddedToken(t, special=True) for t in QWEN_SPECIALS + VISION])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="[UNK]",
+    )
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import Qwen2VLImageProcessor
+
+    path = tmp_path_factory.mktemp("qwen2_5_vl_tiny")
+    tokenizer = _qwen_like_tokenizer()
+    vocab = tokenizer.get_vocab()
+    ids = {
+        "bos": vocab["<|im_start|>"],
+        "eos": vocab["<|im_end|>"],
+        "pad": vocab["<|endoftext|>"],
+        "image": vocab["<|image_pad|>"],
+        "video": vocab["<|video_pad|>"],
+        "vision_start": vocab["<|vision_start|>"],
+        "vision_end": vocab["<|vision_end|>"],
+    }
+    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(vocab), special_ids=ids, initializer_range=0.02)
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessor().save_pretrained(path)
+    return path
+
+
+def test_a_local_qwen_directory_loads_with_num_added(qwen_dir: Path) -> None:
+    model, tokenizer = load_base_model(qwen_dir)
+    assert NUM in tokenizer.get_vocab()
+    num = tokenizer.convert_tokens_to_ids(NUM)
+    rows = model.get_input_embeddings().weight
+    assert rows.shape[0] == len(tokenizer) == num + 1
+    torch.testing.assert_close(rows[num], rows[:-1].mean(dim=0))
+    assert model.config.model_type == "circle_rope_qwen2_5_vl"
+    assert tokenizer.tokenize("[NUM] x 18 mm")[0] == NUM
+
+
+def test_lora_injects_and_merges_to_the_same_function(qwen_dir: Path) -> None:
+    model, _ = load_base_model(qwen_dir)
+    count = add_lora(model, rank=4, alpha=8)
+    assert count == sum(p.numel() for p in lora_parameters(model)) > 0
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.normal_(0, 0.05)  # B starts at zero: make the adapters do something
+    ids = torch.tensor([[1, 30, 31, 2]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        assert merge_lora(model) == 2 * 7  # 2 layers x 7 projections
+        after = model(input_ids=ids).logits
+    assert not lora_parameters(model)
+    torch.testing.assert_close(before, after, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_base_directories_are_named(tmp_path: Path, qwen_dir: Path) -> None:
+    with pytest.raises(ModelError, match="not a directory"):
+        load_base_model(tmp_path / "missing")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match=r"missing .*safetensors.*tokenizer"):
+        load_base_model(tmp_path)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (odd / name).write_bytes((qwen_dir / name).read_bytes())
+    processor = json.loads((qwen_dir / "preprocessor_config.json").read_text())
+    processor["patch_size"] = 16
+    (odd / "preprocessor_config.json").write_text(json.dumps(processor))
+    with pytest.raises(ModelError, match="patch_size"):
+        load_base_model(odd)
+
+
+def test_projector_then_lora_training_resumes_and_ships_merged(
+    qwen_dir: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig.for_base_model(
+        str(qwen_dir),
+        steps=4,
+        seed=2,
+        size=BackboneSize(hidden_size=64),
+        measure_batch=2,
+        find_batch=1,
+        point_batch=1,
+        measure_inputs=MeasureInputs(
+            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
+        ),
+        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
+        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
+        lora_rank=4,
+        lora_alpha=8,
+        checkpoint_every=1,
+        threads=1,
+    )
+    assert [s.trainable for s in config.stages] == ["projector", "lora"]
+    whole = train(config, tmp_path / "whole", PhantomSource(1))
+
+    class Stop(Exception):
+        pass
+
+    def stop(report: StepReport) -> None:
+        if report.step == 4:  # inside the LoRA stage, state saved at step 3
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(config, tmp_path / "cut", PhantomSource(1), on_step=stop)
+    train(config, tmp_path / "cut", PhantomSource(1))
+    a, b = load_checkpoint(whole), load_checkpoint(tmp_path / "cut")
+    for (name, x), (_, y) in zip(
+        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), name
+    assert not any("lora_" in n for n in a.model.state_dict())
+    base, _ = load_base_model(qwen_dir)
+    trained = a.model.state_dict()
+    changed = [
+        n for n, w in base.state_dict().items() if "layers" in n and not torch.equal(w, trained[n])
+    ]
+    assert changed and all("proj" in n for n in changed)  # LoRA merged into the projections
+    assert torch.equal(  # the vision tower's blocks were frozen
+        base.state_dict()["model.visual.blocks.0.attn.qkv.weight"],
+        trained["model.visual.blocks.0.attn.qkv.weight"],
+    )
+    measurer = CheckpointMeasurer.load(whole)
+    phantom = generate_phantom(study_seed(5, 0))
+    result = measurer.measure(phantom_volume(phantom), source="phantom")
+    assert result.model.numeric_mode == "rned_corr" and result.model.not_for_clinical_use

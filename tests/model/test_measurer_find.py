@@ -1,0 +1,227 @@
+"""Find-task inputs (model.measurer.find) and their grouping into 3-D findings
+(model.measurer.grouping): labels drawn from the truth land where the findings are."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ingestion.phantoms import Phantom, TruthFinding, generate_phantom
+from model.measurer.data import encode_example, phantom_volume
+from model.measurer.find import (
+    VISIBLE_FRACTION,
+    FindInputs,
+    find_planes,
+    plane_images,
+    plane_labels,
+    prepare_for_find,
+)
+from model.measurer.grouping import (
+    Detection,
+    GroupingRule,
+    group_detections,
+    plane_detections,
+)
+from model.measurer.images import image_token_count
+from model.measurer.results import FindingKind
+from model.measurer.tasks import parse_find
+from model.measurer.tokenizer import build_tokenizer, special_ids
+from model.numeric.text import to_num_text
+
+INPUTS = FindInputs()
+
+
+@pytest.fixture(scope="module")
+def phantom() -> Phantom:
+    return generate_phantom(11)  # two lesions and a vessel, 1 mm slices
+
+
+@pytest.fixture(scope="module")
+def prepared(phantom: Phantom):  # type: ignore[no-untyped-def]
+    return prepare_for_find(phantom_volume(phantom), INPUTS)
+
+
+def test_images_have_a_content_and_a_coordinate_frame(prepared) -> None:  # type: ignore[no-untyped-def]
+    images = plane_images(prepared, INPUTS)
+    planes = prepared.image.shape[1]
+    assert images.shape == (planes, 2, 3, 168, 168)
+    content, coords = images[:, 0], images[:, 1]
+    torch.testing.assert_close(content[:, 1], 1.0 - content[:, 0])
+    assert torch.equal(content[:, 0], prepared.image[0]) and torch.equal(
+        content[:, 2], prepared.image[1]
+    )
+    assert float(coords[0, 0, 0, 0]) == 0.0 and float(coords[0, 0, -1, 0]) == 1.0
+    assert float(coords[0, 1, 0, -1]) == 1.0 and torch.all(coords[:, 2] == 0.5)
+    still = plane_images(prepared, dataclasses.replace(INPUTS, coordinates=False))
+    assert torch.equal(still[:, 0], still[:, 1])
+
+
+def test_a_plane_is_one_image_of_36_tokens(phantom: Phantom) -> None:
+    planes = find_planes(
+        phantom_volume(phantom), phantom.findings, INPUTS, np.random.default_rng(0), planes=3
+    )
+    example = planes[0].example(INPUTS)
+    tokenizer = build_tokenizer()
+    encoded = encode_example(example, tokenizer)
+    assert image_token_count(encoded.image_grid_thw) == 36
+    assert encoded.input_ids.count(special_ids(tokenizer)["image"]) == 36
+    assert example.answer is not None and parse_find(example.answer, num_images=1).success
+    assert len(encoded.num_values) == len(to_num_text(example.answer).values)
+
+
+def _box_center_lps(prepared, plane: int, box) -> np.ndarray:  # type: ignore[no-untyped-def]
+    row0, col0, row1, col1 = box
+    index = np.array([plane, (row0 + row1) / 2 - 0.5, (col0 + col1) / 2 - 0.5])
+    return prepared.geometry.index_to_lps(index)
+
+
+def test_labels_put_boxes_around_the_true_cross_sections(phantom: Phantom, prepared) -> None:  # type: ignore[no-untyped-def]
+    labels = plane_labels(phantom.findings, prepared)
+    assert len(labels) == prepared.image.shape[1]
+    pixel = prepared.geometry.row_spacing
+    for finding in phantom.findings:
+        planes = [
+            k
+            for k, found in enumerate(labels)
+            if any(f.kind.value == finding.kind and _near(f, finding, prepared, k) for f in found)
+        ]
+        if finding.kind == "vessel":
+            assert planes == list(range(len(labels)))  # on every plane
+        else:
+            assert finding.cc_extent_mm is not None
+            z = [float(prepared.geometry.index_to_lps((k, 0, 0))[2]) for k in planes]
+            visible = finding.cc_extent_mm * math.sqrt(1 - VISIBLE_FRACTION**2)
+            span = max(z) - min(z)
+            assert visible - 2 * prepared.geometry.slice_spacing <= span <= visible + 2.5
+            assert abs((max(z) + min(z)) / 2 - finding.center_lps_mm[2]) <= 1.0
+        k = round(float(prepared.geometry.lps_to_index(finding.center_lps_mm)[0]))
+        (box,) = [
+            f.box
+            for f in labels[k]
+            if f.kind.value == finding.kind and _near(f, finding, prepared, k)
+        ]
+        center = _box_center_lps(prepared, k, box)
+        assert np.hypot(*(center[:2] - np.asarray(finding.center_lps_mm[:2]))) < 0.1
+        if finding.kind == "vessel":
+            assert finding.diameter_mm is not None
+            assert (box[2] - box[0]) * pixel == pytest.approx(finding.diameter_mm, abs=0.2)
+    for found in labels:  # reading order
+        keys = [((f.box[0] + f.box[2]) / 2, (f.box[1] + f.box[3]) / 2) for f in found]
+        assert keys == sorted(keys)
+
+
+def _near(found, finding: TruthFinding, prepared, plane: int) -> bool:  # type: ignore[no-untyped-def]
+    center = _box_center_lps(prepared, plane, found.box)
+    return bool(np.hypot(*(center[:2] - np.asarray(finding.center_lps_mm[:2]))) < 5.0)
+
+
+@pytest.mark.parametrize(("rotation", "long_along"), [(0.0, "columns"), (90.0, "rows")])
+def test_a_rotated_lesion_box_follows_its_long_axis(
+    prepared, rotation: float, long_along: str
+) -> None:  # type: ignore[no-untyped-def]
+    center = prepared.geometry.index_to_lps((10, 100, 90))
+    lesion = TruthFinding(
+        kind="lesion",
+        center_lps_mm=tuple(center),
+        slice_index=10,
+        long_axis_mm=30.0,
+        short_axis_mm=15.0,
+        cc_extent_mm=20.0,
+        rotation_deg=rotation,
+        contrast_hu=60.0,
+    )
+    ((found,),) = [plane_labels([lesion], prepared)[10]]
+    row0, col0, row1, col1 = found.box
+    pixel = prepared.geometry.row_spacing
+    rows, columns = (row1 - row0) * pixel, (col1 - col0) * pixel
+    long_mm, short_mm = (columns, rows) if long_along == "columns" else (rows, columns)
+    assert long_mm == pytest.approx(30.0, abs=0.2) and short_mm == pytest.approx(15.0, abs=0.2)
+
+
+def test_planes_prefer_lesions_and_are_seeded(phantom: Phantom) -> None:
+    volume = phantom_volume(phantom)
+    a = find_planes(volume, phantom.findings, INPUTS, np.random.default_rng(4), planes=6)
+    b = find_planes(volume, phantom.findings, INPUTS, np.random.default_rng(4), planes=6)
+    assert [p.findings for p in a] == [p.findings for p in b]
+    assert all(p.windows.dtype == torch.float16 and p.windows.shape == (2, 168, 168) for p in a)
+    with_lesion = sum(any(f.kind is FindingKind.LESION for f in p.findings) for p in a)
+    assert with_lesion >= 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pixel_mm": 0.0}, "pixel_mm"),
+        ({"size": 100}, "multiple of 28"),
+        ({"soft_window": (40.0, 0.0)}, "soft_window"),
+    ],
+)
+def test_bad_find_inputs(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FindInputs(**kwargs)
+
+
+# --- grouping ------------------------------------------------------------------------------------
+
+
+def test_labels_group_back_into_the_true_findings(phantom: Phantom, prepared) -> None:  # type: ignore[no-untyped-def]
+    labels = plane_labels(phantom.findings, prepared)
+    planes = list(range(len(labels)))
+    detections = plane_detections(labels, planes, prepared.geometry)
+    grouped = group_detections(detections, prepared.geometry.slice_spacing)
+    assert sorted(g.kind.value for g in grouped) == sorted(f.kind for f in phantom.findings)
+    for finding in phantom.findings:
+        (match,) = [
+            g
+            for g in grouped
+            if g.kind.value == finding.kind
+            and np.hypot(
+                g.center_lps_mm[0] - finding.center_lps_mm[0],
+                g.center_lps_mm[1] - finding.center_lps_mm[1],
+            )
+            < 0.5
+        ]
+        if finding.kind == "lesion":
+            assert abs(match.center_lps_mm[2] - finding.center_lps_mm[2]) <= 1.0
+
+
+def _detection(kind: str, plane: int, x: float, size: float = 20.0) -> Detection:
+    return Detection(FindingKind(kind), plane, (x, 0.0, plane * 2.0), (size, size))
+
+
+def test_grouping_links_neighbours_of_one_kind_only() -> None:
+    detections = [
+        _detection("lesion", 0, 0.0),
+        _detection("lesion", 1, 1.0),
+        _detection("lesion", 3, 2.0),  # one plane missed: still the same lesion
+        _detection("vessel", 1, 0.5),  # another kind at the same place
+        _detection("lesion", 1, 40.0),  # far away in-plane
+        _detection("lesion", 2, 40.0),
+    ]
+    grouped = group_detections(detections, 2.0, GroupingRule(min_plane_fraction=0.0))
+    shapes = sorted((g.kind.value, g.planes) for g in grouped)
+    assert shapes == [("lesion", (0, 1, 3)), ("lesion", (1, 2)), ("vessel", (1,))]
+    far = group_detections(
+        [_detection("lesion", 0, 0.0), _detection("lesion", 4, 0.0)],
+        2.0,
+        GroupingRule(min_plane_fraction=0.0),
+    )
+    assert len(far) == 2  # more than max_plane_gap planes apart
+
+
+def test_a_large_box_on_one_plane_only_is_dropped_as_noise() -> None:
+    # a 40 mm lesion must span >= 0.4 * 40 + 1 = 17 mm: 17 planes at 1 mm
+    speck = [_detection("lesion", 5, 0.0, size=40.0)]
+    assert group_detections(speck, 1.0) == []
+    assert group_detections(speck, 5.0) == []  # it spans >= 21 mm: 4 planes of 5 mm
+    small = [_detection("lesion", 5, 0.0, size=10.0)]  # spans >= 9 mm: one or two planes
+    assert len(group_detections(small, 5.0)) == 1
+    weighted = group_detections(
+        [_detection("lesion", 0, 0.0, 10.0), _detection("lesion", 1, 3.0, 30.0)], 5.0
+    )
+    (only,) = weighted
+    assert only.center_lps_mm[0] == pytest.approx(3.0 * 900 / 1000)  # area-weighted

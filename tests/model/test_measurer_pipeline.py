@@ -1,0 +1,161 @@
+"""The checkpoint measurer (model.measurer.pipeline): what it refuses, what every result carries,
+and, with the shipped demo model, that it finds and measures phantom findings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ingestion.errors import ModelError
+from ingestion.phantoms import generate_phantom, study_seed
+from ingestion.volume import Modality, Volume
+from model.measurer.checkpoint import default_checkpoint
+from model.measurer.data import phantom_volume
+from model.measurer.evaluate import match_findings
+from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.pool import PhantomSource
+from model.measurer.protocol import Measurer
+from model.measurer.results import NOT_MEASURABLE
+from model.measurer.train import Stage, train
+
+from measurer_helpers import tiny_config
+
+TINY = tiny_config(stages=(Stage("a", 2, 1e-3, warmup_steps=1),))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> CheckpointMeasurer:
+    """An (untrained) tiny checkpoint: its answers are mostly malformed."""
+    directory = train(TINY, tmp_path_factory.mktemp("tiny"), PhantomSource(1))
+    return CheckpointMeasurer.load(directory)
+
+
+@pytest.fixture(scope="module")
+def volume() -> Volume:
+    return phantom_volume(generate_phantom(study_seed(77, 0)))
+
+
+def test_it_is_a_measurer_that_names_its_model(tiny: CheckpointMeasurer, volume: Volume) -> None:
+    assert isinstance(tiny, Measurer)
+    result = tiny.measure(volume, source="phantom.dcm")
+    assert result.model == tiny.info and result.model.not_for_clinical_use
+    assert result.study_instance_uid == volume.identifiers.study_instance_uid
+    assert result.source == "phantom.dcm"
+    assert [f.id for f in result.findings] == list(range(1, len(result.findings) + 1))
+    for warning in result.warnings:  # an untrained model's malformed answers are counted
+        assert "malformed" in warning and " of " in warning
+    for finding in result.findings:
+        for m in finding.measurements:
+            assert m.value_mm is not None or m.qualifier == NOT_MEASURABLE
+        if finding.axes_lps_mm is None:
+            assert any("axes answers were malformed" in w for w in result.warnings)
+
+
+def _with(volume: Volume, **changes: object) -> Volume:
+    return dataclasses.replace(volume, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"modality": Modality.MR}, "trained on CT only"),
+        ({"modality": None}, "RADCALIPER_NIFTI_MODALITY=CT"),
+    ],
+)
+def test_volumes_it_cannot_handle_are_refused(
+    tiny: CheckpointMeasurer, volume: Volume, change: dict, message: str
+) -> None:
+    with pytest.raises(ModelError, match=message):
+        tiny.measure(_with(volume, **change), source="x")
+
+
+@pytest.mark.parametrize(
+    ("spacing", "message"),
+    [((1.0, 3.0, 3.0), "pixel spacing 3 mm"), ((12.0, 0.8, 0.8), "slice spacing 12 mm")],
+)
+def test_spacing_far_from_training_is_refused(
+    tiny: CheckpointMeasurer, volume: Volume, spacing: tuple[float, float, float], message: str
+) -> None:
+    geometry = dataclasses.replace(volume.geometry, spacing=spacing)
+    with pytest.raises(ModelError, match=message):
+        tiny.measure(_with(volume, geometry=geometry), source="x")
+    few = Volume.in_memory(np.zeros((2, 32, 32), np.float32), volume.geometry)
+    with pytest.raises(ModelError, match="at least 3"):
+        tiny.measure(few, source="x")
+
+
+def test_a_click_gives_a_finding_none_or_a_clear_error(
+    tiny: CheckpointMeasurer, volume: Volume
+) -> None:
+    with pytest.raises(ValueError, match="three finite numbers"):
+        tiny.measure_at(volume, (0.0, float("nan"), 0.0))
+    try:
+        found = tiny.measure_at(volume, (0.0, 0.0, float(volume.geometry.origin[2])))
+    except ModelError as error:
+        assert "malformed" in str(error)
+    else:
+        assert found is None or found.id == 1
+
+
+DEMO = default_checkpoint()
+
+
+def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
+    """A few held-out studies (seeds never used in training or calibration): most findings are
+    found, measured near the truth, with calibrated ranges."""
+    measurer = CheckpointMeasurer.load(DEMO)
+    assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
+    source = PhantomSource(4242)
+    found = total = 0
+    errors = []
+    for i in range(4):
+        study = source.study(i)
+        result = measurer.measure(study.volume, source=study.name)
+        pairs = match_findings(study.findings, result.findings)
+        found += len(pairs)
+        total += len(study.findings)
+        for t, r in pairs:
+            truth = study.findings[t]
+            value = result.findings[r].measurements[0]
+            assert value.range_mm is not None and value.coverage == pytest.approx(0.9)
+            expected = truth.long_axis_mm if truth.kind == "lesion" else truth.diameter_mm
+            assert value.value_mm is not None and expected is not None
+            errors.append(abs(value.value_mm - expected))
+    assert found >= 0.75 * total
+    assert float(np.median(errors)) < 4.0
+
+
+def test_the_demo_checkpoint_ships_with_its_card() -> None:
+    card = DEMO / "README.md"
+    assert card.is_file(), f"{card} is missing"
+    text = card.read_text()
+    assert "not for clinical use" in text.lower() and "radcaliper train" in text
+    size = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
+    assert size <= 30 * 2**20
+
+
+def test_verification_drops_what_the_point_task_calls_none(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logic around the model's answers (answers fixed here; the test is not about them):
+    'none' drops a candidate, a kind replaces the find step's, a malformed answer keeps it and
+    is counted."""
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.results import FindingKind
+
+    candidates = [
+        GroupedFinding(FindingKind.LESION, (0.0, 0.0, -100.0), (0, 1), 20.0),
+        GroupedFinding(FindingKind.LESION, (10.0, 0.0, -100.0), (0, 1), 20.0),
+        GroupedFinding(FindingKind.VESSEL, (20.0, 0.0, -100.0), (0, 1), 20.0),
+    ]
+    answers = ["none", "vessel 21 mm", "lesion 3 x"]
+    monkeypatch.setattr(tiny, "_generate", lambda examples, limit: answers[: len(examples)])
+    warnings: list[str] = []
+    kept = tiny._verify(volume, candidates, warnings)
+    assert [(k.kind, k.center_lps_mm[0]) for k in kept] == [
+        (FindingKind.VESSEL, 10.0),
+        (FindingKind.VESSEL, 20.0),
+    ]
+    assert warnings == ["1 of 3 point answers were malformed"]

@@ -1,0 +1,137 @@
+"""Training (model.measurer.train): a few steps of the real tiny model on phantoms; the same seed
+gives the same weights, an interrupted run resumes to exactly the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ingestion.errors import ConfigurationError
+from model.measurer.checkpoint import SETTINGS_NAME, load_checkpoint
+from model.measurer.data import MeasureInputs
+from model.measurer.pool import PhantomSource
+from model.measurer.train import (
+    STATE_DIR,
+    PoolSettings,
+    Stage,
+    StepReport,
+    TrainConfig,
+    train,
+)
+
+from measurer_helpers import tiny_config
+
+CONFIG = tiny_config(
+    seed=3,
+    stages=(Stage("a", 3, 1e-3, warmup_steps=1), Stage("b", 2, 1e-4, warmup_steps=1)),
+    measure_batch=3,
+    find_batch=2,
+    point_batch=2,
+    measure_inputs=MeasureInputs(
+        pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=2.0, jitter_z_mm=1.0
+    ),
+    pool=PoolSettings(size=3, initial=2, studies_per_step=0.5, planes_per_study=2),
+    lambda_ramp_steps=2,
+    checkpoint_every=2,
+)
+
+
+class Stop(Exception):
+    pass
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "model.safetensors")) | {
+        f"head.{k}": v for k, v in load_file(str(directory / "numeric_head.safetensors")).items()
+    }
+
+
+def test_config_round_trips_through_json() -> None:
+    data = json.loads(json.dumps(CONFIG.to_json()))
+    assert TrainConfig.from_json(data) == CONFIG
+    assert CONFIG.total_steps == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stages": ()}, "at least one stage"),
+        ({"measure_batch": 0, "find_batch": 0, "point_batch": 0}, "not all 0"),
+    ],
+)
+def test_bad_configs(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+    with pytest.raises(ValueError, match="trainable"):
+        Stage("x", 1, 1e-3, trainable="some")
+
+
+def test_training_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:
+    reports: list[StepReport] = []
+    whole = train(CONFIG, tmp_path / "whole", PhantomSource(1), on_step=reports.append)
+    assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    assert all(r.total == 5 and r.find_loss is not None for r in reports)
+    for r in reports:
+        assert r.measure_loss is not None and r.point_loss is not None
+        assert r.axes_loss is not None
+        assert r.loss == pytest.approx(r.measure_loss + r.find_loss + r.point_loss + r.axes_loss)
+    assert [r.stage for r in reports] == ["a", "a", "a", "b", "b"]
+    loaded = load_checkpoint(whole)
+    assert loaded.settings.measure_inputs.jitter_mm == 0.0  # inference crops are not jittered
+    assert loaded.settings.tasks == ("find", "measure", "point", "axes")
+    assert loaded.settings.training["config"] == CONFIG.to_json()
+
+    again = train(CONFIG, tmp_path / "again", PhantomSource(1))
+    first, second = _weights(whole), _weights(again)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+    def stop_at_three(report: StepReport) -> None:  # state saved at steps 2 and 3 (stage end)
+        if report.step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(CONFIG, tmp_path / "cut", PhantomSource(1), on_step=stop_at_three)
+    state = json.loads((tmp_path / "cut" / STATE_DIR / "state.json").read_text())
+    assert state["step"] == 3
+    resumed: list[StepReport] = []
+    train(CONFIG, tmp_path / "cut", PhantomSource(1), on_step=resumed.append)
+    assert [r.step for r in resumed] == [4, 5]
+    third = _weights(tmp_path / "cut")
+    assert all(torch.equal(first[k], third[k]) for k in first)
+
+    other = TrainConfig(**{**CONFIG.__dict__, "seed": 4})
+    with pytest.raises(ConfigurationError, match="another configuration"):
+        train(other, tmp_path / "cut", PhantomSource(1))
+    assert (tmp_path / "cut" / SETTINGS_NAME).is_file()
+
+
+def test_an_interrupted_stage_resumes_with_its_optimizer_state(tmp_path: Path) -> None:
+    config = TrainConfig(**{**CONFIG.__dict__, "stages": (Stage("a", 4, 1e-3, warmup_steps=1),)})
+    whole = train(config, tmp_path / "whole", PhantomSource(1))
+
+    def stop_at_three(report: StepReport) -> None:  # state saved at step 2, mid-stage
+        if report.step == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(config, tmp_path / "cut", PhantomSource(1), on_step=stop_at_three)
+    train(config, tmp_path / "cut", PhantomSource(1))
+    first, second = _weights(whole), _weights(tmp_path / "cut")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_run_can_start_from_a_trained_checkpoint(tmp_path: Path) -> None:
+    first = train(CONFIG, tmp_path / "first", PhantomSource(1))
+    later = TrainConfig(
+        **{**CONFIG.__dict__, "init_from": str(first), "stages": (Stage("none", 0, 1e-4),)}
+    )
+    second = train(later, tmp_path / "second", PhantomSource(1))
+    a, b = _weights(first), _weights(second)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    xval = TrainConfig(**{**later.__dict__, "numeric_mode": "xval"})
+    with pytest.raises(ConfigurationError, match="is a rned_corr model"):
+        train(xval, tmp_path / "third", PhantomSource(1))
