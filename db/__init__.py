@@ -1,3 +1,206 @@
-"""radcaliper `db` package: filled in by later issues (see README "Architecture")."""
+"""The measurement store: SQLAlchemy models, migrations, storing results, reviews, users, the
+hash-chained audit log and the audit queries (SQLite by default, PostgreSQL for sites).
 
-__all__: list[str] = []
+Names are served lazily (PEP 562): importing ``db`` loads neither SQLAlchemy nor Alembic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ingestion._lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from db.audit import (
+        GENESIS,
+        VerifyReport,
+        append_event,
+        canonical_time,
+        event_hash,
+        measurement_state,
+        review_state,
+        verify,
+    )
+    from db.engine import (
+        Store,
+        connect,
+        open_store,
+        redacted,
+        session_scope,
+    )
+    from db.migrate import (
+        alembic_config,
+        current,
+        downgrade,
+        head_revision,
+        upgrade,
+    )
+    from db.models import (
+        AuditEvent,
+        AuditHead,
+        Base,
+        Finding,
+        Measurement,
+        MeasurementSource,
+        Review,
+        ReviewAction,
+        ReviewStatus,
+        Role,
+        Run,
+        RunStatus,
+        Series,
+        Study,
+        User,
+    )
+    from db.queries import (
+        LogFilter,
+        MeasurementFilter,
+        WorklistFilter,
+        audit_log_rows,
+        measurement_query,
+        measurement_rows,
+        study_measurements,
+        worklist_rows,
+    )
+    from db.review import (
+        review_measurement,
+    )
+    from db.store import (
+        RunIdentity,
+        StoreOutcome,
+        find_run,
+        input_fingerprint,
+        pseudonym,
+        store_result,
+    )
+    from db.users import (
+        add_user,
+        get_user,
+        hash_password,
+        verify_password,
+    )
+
+_SOURCES: dict[str, tuple[str, ...]] = {
+    "db.audit": (
+        "GENESIS",
+        "VerifyReport",
+        "append_event",
+        "canonical_time",
+        "event_hash",
+        "measurement_state",
+        "review_state",
+        "verify",
+    ),
+    "db.engine": (
+        "Store",
+        "connect",
+        "open_store",
+        "redacted",
+        "session_scope",
+    ),
+    "db.migrate": (
+        "alembic_config",
+        "current",
+        "downgrade",
+        "head_revision",
+        "upgrade",
+    ),
+    "db.models": (
+        "AuditEvent",
+        "AuditHead",
+        "Base",
+        "Finding",
+        "Measurement",
+        "MeasurementSource",
+        "Review",
+        "ReviewAction",
+        "ReviewStatus",
+        "Role",
+        "Run",
+        "RunStatus",
+        "Series",
+        "Study",
+        "User",
+    ),
+    "db.queries": (
+        "LogFilter",
+        "MeasurementFilter",
+        "WorklistFilter",
+        "audit_log_rows",
+        "measurement_query",
+        "measurement_rows",
+        "study_measurements",
+        "worklist_rows",
+    ),
+    "db.review": ("review_measurement",),
+    "db.store": (
+        "RunIdentity",
+        "StoreOutcome",
+        "find_run",
+        "input_fingerprint",
+        "pseudonym",
+        "store_result",
+    ),
+    "db.users": (
+        "add_user",
+        "get_user",
+        "hash_password",
+        "verify_password",
+    ),
+}
+__all__ = [
+    "GENESIS",
+    "AuditEvent",
+    "AuditHead",
+    "Base",
+    "Finding",
+    "LogFilter",
+    "Measurement",
+    "MeasurementFilter",
+    "MeasurementSource",
+    "Review",
+    "ReviewAction",
+    "ReviewStatus",
+    "Role",
+    "Run",
+    "RunIdentity",
+    "RunStatus",
+    "Series",
+    "Store",
+    "StoreOutcome",
+    "Study",
+    "User",
+    "VerifyReport",
+    "WorklistFilter",
+    "add_user",
+    "alembic_config",
+    "append_event",
+    "audit_log_rows",
+    "canonical_time",
+    "connect",
+    "current",
+    "downgrade",
+    "event_hash",
+    "find_run",
+    "get_user",
+    "hash_password",
+    "head_revision",
+    "input_fingerprint",
+    "measurement_query",
+    "measurement_rows",
+    "measurement_state",
+    "open_store",
+    "pseudonym",
+    "redacted",
+    "review_measurement",
+    "review_state",
+    "session_scope",
+    "store_result",
+    "study_measurements",
+    "upgrade",
+    "verify",
+    "verify_password",
+    "worklist_rows",
+]
+
+__getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

@@ -1,0 +1,372 @@
+"""The store's commands: ``radcaliper db``, ``radcaliper users`` and ``radcaliper audit``.
+
+Every command takes ``--db URL`` (else ``RADCALIPER_DATABASE_URL``, else the SQLite file in the
+data dir). Database errors are one line with what to do, and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from app.console import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, cli_actor, err, out, settings_of
+
+__all__ = ["DbOption", "audit_app", "checked", "db_app", "open_database", "users_app"]
+
+T = TypeVar("T")
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Database URL (default: RADCALIPER_DATABASE_URL, else SQLite in the data dir).",
+    ),
+]
+FormatOption = Annotated[str, typer.Option("--format", help="table, csv or json.")]
+SinceOption = Annotated[
+    str | None, typer.Option("--since", help="From this date or time (ISO 8601, UTC).")
+]
+UntilOption = Annotated[
+    str | None, typer.Option("--until", help="Before this date or time (ISO 8601, UTC).")
+]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="At most this many rows.")]
+
+db_app = typer.Typer(help="Create and migrate the measurement database.", no_args_is_help=True)
+users_app = typer.Typer(
+    help="Users of the review UI (reviewer, auditor, admin).", no_args_is_help=True
+)
+audit_app = typer.Typer(
+    help="What was measured, by which model, who changed what; and proof the log is intact.",
+    no_args_is_help=True,
+)
+
+
+def _url(ctx: typer.Context, db: str | None) -> tuple[str, bool]:
+    settings = settings_of(ctx)
+    if db:
+        return db, False
+    return settings.effective_database_url, settings.default_database
+
+
+def checked(action: Callable[[], T]) -> T:
+    """Run a database action; one clear line and exit 2 when it fails."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ingestion.errors import StorageError
+
+    try:
+        return action()
+    except StorageError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from exc
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        err.print(f"[red]error:[/red] database: {reason}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from exc
+
+
+def open_database(ctx: typer.Context, db: str | None) -> Any:
+    """The store at ``--db`` / the settings' URL, schema-checked (the default SQLite file is
+    created on first use); exits 2 with the reason when it cannot be used."""
+    from db.engine import open_store
+
+    url, default = _url(ctx, db)
+    return checked(lambda: open_store(url, create_if_empty=default))
+
+
+def _when(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        err.print(f"[red]error:[/red] {name} {value!r} is not a date or time (use 2026-11-23)")
+        raise typer.Exit(EXIT_NOTHING) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]) -> None:
+    fmt = fmt.lower()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(list(rows), indent=2) + "\n")
+    elif fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in row.items()}
+            )
+        sys.stdout.write(buffer.getvalue())
+    elif fmt == "table":
+        table = Table(show_lines=False)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(_cell(row.get(c)) for c in columns))
+        out.print(table)
+        out.print(f"{len(rows)} row(s)")
+    else:
+        err.print(f"[red]error:[/red] --format {fmt!r}: use table, csv or json")
+        raise typer.Exit(EXIT_NOTHING)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    return str(value)
+
+
+# --- db ------------------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    ctx: typer.Context,
+    db: DbOption = None,
+    revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
+) -> None:
+    """Create the tables, or migrate them to this radcaliper's schema."""
+    from db.engine import redacted
+    from db.migrate import current, upgrade
+
+    url, _ = _url(ctx, db)
+    checked(lambda: upgrade(url, revision))
+    out.print(f"{redacted(url)} is at schema {checked(lambda: current(url))}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    ctx: typer.Context,
+    revision: Annotated[str, typer.Argument(help="Target revision ('base': drop all tables).")],
+    db: DbOption = None,
+) -> None:
+    """Migrate the schema back to REVISION (the data of dropped tables is lost)."""
+    from db.engine import redacted
+    from db.migrate import current, downgrade
+
+    url, _ = _url(ctx, db)
+    checked(lambda: downgrade(url, revision))
+    now = checked(lambda: current(url))
+    out.print(f"{redacted(url)} is at schema {now or 'base (no tables)'}")
+
+
+@db_app.command("current")
+def db_current(ctx: typer.Context, db: DbOption = None) -> None:
+    """Show the database's schema revision and the one this radcaliper needs."""
+    from db.engine import redacted
+    from db.migrate import current, head_revision
+
+    url, _ = _url(ctx, db)
+    revision = checked(lambda: current(url))
+    out.print(
+        f"{redacted(url)}: schema {revision or 'none'}; this radcaliper needs {head_revision()}"
+    )
+
+
+# --- users ---------------------------------------------------------------------------------------
+
+
+@users_app.command("add")
+def users_add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Login name.")],
+    role: Annotated[str, typer.Option("--role", help="reviewer, auditor or admin.")],
+    password_stdin: Annotated[
+        bool,
+        typer.Option("--password-stdin", help="Read the password from standard input (one line)."),
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Add a user. Without --password-stdin the user cannot log in to the UI yet."""
+    from db.users import add_user
+
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    store = open_database(ctx, db)
+    try:
+        with store.writer() as session:
+            try:
+                user = checked(
+                    lambda: add_user(session, name, role, password=password, actor=cli_actor())
+                )
+            except ValueError as exc:
+                err.print(f"[red]error:[/red] {exc}", highlight=False)
+                raise typer.Exit(EXIT_NOTHING) from exc
+            checked(session.commit)
+            out.print(f"Added {user.role.value} {user.name!r}")
+    finally:
+        store.dispose()
+
+
+@users_app.command("list")
+def users_list(ctx: typer.Context, db: DbOption = None) -> None:
+    """List users with their roles."""
+    from sqlalchemy import select
+
+    from db.models import User
+
+    store = open_database(ctx, db)
+    try:
+        with store.reader() as session:
+            users = session.execute(select(User).order_by(User.name)).scalars().all()
+            rows = [
+                {
+                    "name": u.name,
+                    "role": u.role.value,
+                    "active": u.active,
+                    "password": u.password_hash is not None,
+                }
+                for u in users
+            ]
+    finally:
+        store.dispose()
+    _print_rows(rows, "table", ["name", "role", "active", "password"])
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+MEASUREMENT_COLUMNS = (
+    "study_instance_uid",
+    "patient_id",
+    "finding_id",
+    "kind",
+    "name",
+    "value_mm",
+    "range_mm",
+    "model_version",
+    "status",
+    "reviewed_value_mm",
+    "reviewer",
+    "reviewed_at",
+)
+
+
+@audit_app.command("measurements")
+def audit_measurements(
+    ctx: typer.Context,
+    patient: Annotated[str | None, typer.Option("--patient", help="Patient ID.")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="StudyInstanceUID.")] = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    model_version: Annotated[
+        str | None, typer.Option("--model-version", help="Model version.")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="pending, accepted, corrected or rejected."),
+    ] = None,
+    reviewer: Annotated[str | None, typer.Option("--reviewer", help="Reviewer's name.")] = None,
+    limit: LimitOption = None,
+    fmt: FormatOption = "table",
+    db: DbOption = None,
+) -> None:
+    """Stored measurements with their review state; dates filter when they were measured."""
+    from db.models import ReviewStatus
+    from db.queries import MeasurementFilter, measurement_rows
+
+    try:
+        checked_status = None if status is None else ReviewStatus(status)
+    except ValueError:
+        err.print(
+            f"[red]error:[/red] --status {status!r}: use pending, accepted, corrected or rejected"
+        )
+        raise typer.Exit(EXIT_NOTHING) from None
+    filters = MeasurementFilter(
+        patient_id=patient,
+        study_instance_uid=study,
+        since=_when("--since", since),
+        until=_when("--until", until),
+        model_version=model_version,
+        status=checked_status,
+        reviewer=reviewer,
+        limit=limit,
+    )
+    key = settings_of(ctx).pseudonym_key
+    store = open_database(ctx, db)
+    try:
+        with store.reader() as session:
+            rows = checked(lambda: measurement_rows(session, filters, pseudonym_key=key))
+    finally:
+        store.dispose()
+    _print_rows(rows, fmt, MEASUREMENT_COLUMNS)
+
+
+@audit_app.command("log")
+def audit_log(
+    ctx: typer.Context,
+    actor: Annotated[str | None, typer.Option("--actor", help="Who (user or cli:<user>).")] = None,
+    action: Annotated[
+        str | None, typer.Option("--action", help="e.g. review.correct, run.stored.")
+    ] = None,
+    object_type: Annotated[
+        str | None, typer.Option("--object", help="run, measurement, review or user.")
+    ] = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    limit: LimitOption = None,
+    fmt: FormatOption = "table",
+    db: DbOption = None,
+) -> None:
+    """The audit log: who did what, when, to which object."""
+    from db.queries import LogFilter, audit_log_rows
+
+    filters = LogFilter(
+        actor=actor,
+        action=action,
+        object_type=object_type,
+        since=_when("--since", since),
+        until=_when("--until", until),
+        limit=limit,
+    )
+    store = open_database(ctx, db)
+    try:
+        with store.reader() as session:
+            rows = checked(lambda: audit_log_rows(session, filters))
+    finally:
+        store.dispose()
+    _print_rows(rows, fmt, ("id", "at", "actor", "action", "object_type", "object_id"))
+
+
+@audit_app.command("verify")
+def audit_verify(
+    ctx: typer.Context,
+    head: Annotated[
+        str | None,
+        typer.Option(
+            "--head", help="A head hash kept from an earlier verify: it must still be the head."
+        ),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Check the hash chain of the audit log and every measurement and review row against it.
+
+    Exit status: 0 intact (the head hash is printed: keep it elsewhere and pass it back with
+    --head next time), 1 tampered (the first problem is named).
+    """
+    from db.audit import verify
+
+    store = open_database(ctx, db)
+    try:
+        with store.reader() as session:
+            report = checked(lambda: verify(session, expected_head=head))
+    finally:
+        store.dispose()
+    if report.ok:
+        out.print(f"intact: {report.events} events; head {report.head_hash}")
+        raise typer.Exit(EXIT_OK)
+    err.print(f"[red]TAMPERED:[/red] {report.problem}", highlight=False)
+    raise typer.Exit(EXIT_PARTIAL)

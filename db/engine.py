@@ -1,0 +1,176 @@
+"""Connecting to the store: engines for SQLite and PostgreSQL, sessions, the schema check.
+
+- SQLite (the default: a file in the user data dir): WAL journal, foreign keys on, a 30 s busy
+  timeout, and ``BEGIN IMMEDIATE`` for write transactions, so that concurrent writers queue for
+  the database lock instead of failing half-way (readers are never blocked in WAL mode).
+- PostgreSQL: ``postgresql://`` URLs use the psycopg (3) driver.
+- ``open_store(url)`` checks that the schema is this radcaliper's (Alembic head) and raises
+  ``SchemaVersionError`` with what to do (``radcaliper db upgrade``); a fresh SQLite file at the
+  default location is created and upgraded on first use.
+
+Nothing connects at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from ingestion.errors import SchemaVersionError, StorageError
+
+__all__ = ["Store", "connect", "open_store", "redacted", "session_scope"]
+
+logger = logging.getLogger(__name__)
+
+_WRITE = "radcaliper_write"
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
+
+
+def _normalised(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def connect(url: str) -> Engine:
+    """An engine for ``url`` (not yet connected). Raises ``StorageError`` for a bad URL."""
+    url = _normalised(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as error:
+        raise StorageError(
+            f"{url!r} is not a database URL; use e.g. sqlite:///path/radcaliper.sqlite3 or "
+            "postgresql://user@host/dbname"
+        ) from error
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StorageError(f"database {backend!r} is not supported; use SQLite or PostgreSQL")
+    if backend == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+        _sqlite_pragmas(engine)
+    else:
+        try:
+            engine = create_engine(parsed, pool_pre_ping=True)
+        except (ImportError, ArgumentError) as error:
+            raise StorageError(f"cannot use {redacted(url)}: {error}") from error
+    return engine
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        write = connection.get_execution_options().get(_WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+@dataclass(frozen=True)
+class Store:
+    """An open, schema-checked database: ``reader()`` and ``writer()`` make sessions."""
+
+    engine: Engine
+    url: str
+
+    @property
+    def backend(self) -> str:
+        return self.engine.url.get_backend_name()
+
+    def reader(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    def writer(self) -> Session:
+        """A session whose transactions take the write lock at BEGIN on SQLite."""
+        bind = self.engine.execution_options(**{_WRITE: True})
+        return Session(bind, expire_on_commit=False)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+@contextlib.contextmanager
+def session_scope(session: Session) -> Iterator[Session]:
+    """Commit on success, roll back on error, always close."""
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def open_store(url: str, *, create_if_empty: bool = False) -> Store:
+    """Connect and check the schema.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///...`` or ``postgresql://...``).
+        create_if_empty: upgrade a database that has no tables at all to the current schema
+            (the default SQLite file on first use).
+
+    Raises:
+        StorageError: the database cannot be reached (the message says which and why).
+        SchemaVersionError: no radcaliper schema, or another version of it.
+    """
+    from db.migrate import head_revision, upgrade
+
+    engine = connect(url)
+    try:
+        current = _current_revision(engine)
+        if current is None and create_if_empty and not inspect(engine).get_table_names():
+            logger.info("creating the radcaliper schema in %s", redacted(url))
+            upgrade(url)
+            current = _current_revision(engine)
+    except OperationalError as error:
+        engine.dispose()
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        raise StorageError(
+            f"cannot reach the database {redacted(url)}: {reason}; check --db / "
+            "RADCALIPER_DATABASE_URL and that the server is running"
+        ) from error
+    except SQLAlchemyError as error:
+        engine.dispose()
+        raise StorageError(f"database {redacted(url)}: {error}") from error
+    head = head_revision()
+    if current != head:
+        engine.dispose()
+        found = "no radcaliper schema" if current is None else f"schema version {current}"
+        raise SchemaVersionError(
+            f"the database {redacted(url)} has {found}; this radcaliper needs {head}: run "
+            f"'radcaliper db upgrade --db {redacted(url)}'"
+        )
+    return Store(engine, url)

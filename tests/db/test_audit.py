@@ -1,0 +1,123 @@
+"""The hash-chained audit log: an intact log verifies; every kind of tampering is named."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text, update
+
+from db.audit import GENESIS, verify
+from db.engine import Store
+from db.models import Measurement, Review, ReviewAction, User
+from db.review import review_measurement
+
+from db_helpers import first_measurement_id
+
+
+def _verify(store: Store, head: str | None = None):  # type: ignore[no-untyped-def]
+    with store.reader() as session:
+        return verify(session, expected_head=head)
+
+
+def _as_attacker(store: Store, *statements: str) -> None:
+    """Raw SQL as someone with write access who also drops the append-only triggers."""
+    drop = (
+        [
+            "DROP TRIGGER IF EXISTS audit_events_no_update",
+            "DROP TRIGGER IF EXISTS audit_events_no_delete",
+        ]
+        if store.backend == "sqlite"
+        else ["DROP TRIGGER IF EXISTS audit_events_append_only ON audit_events"]
+    )
+    with store.engine.begin() as connection:
+        for statement in (*drop, *statements):
+            connection.execute(text(statement))
+
+
+def _reviewed(store: Store, users: dict[str, User]) -> int:
+    mid = first_measurement_id(store)
+    with store.writer() as session:
+        review_measurement(
+            session, mid, action=ReviewAction.ACCEPT, reviewer=users["alice"], seen_version=1
+        )
+        session.commit()
+    return mid
+
+
+def test_an_intact_log_verifies(store: Store, stored: int, users: dict[str, User]) -> None:
+    _reviewed(store, users)
+    report = _verify(store)
+    assert report.ok and report.problem is None
+    assert report.events == 4 + 3 + 2  # run + 3 measurements, 3 users, review + measurement
+    assert report.head_hash != GENESIS
+    assert _verify(store, report.head_hash).ok
+
+
+def test_the_log_refuses_updates_and_deletes(store: Store, stored: int) -> None:
+    for statement in ("UPDATE audit_events SET actor = 'x'", "DELETE FROM audit_events"):
+        with pytest.raises(Exception, match="append-only"), store.engine.begin() as connection:
+            connection.execute(text(statement))
+    assert _verify(store).ok
+
+
+@pytest.mark.parametrize(
+    ("statements", "problem"),
+    [
+        (["UPDATE audit_events SET actor = 'mallory' WHERE id = 2"], "audit event 2 .* was edited"),
+        (["DELETE FROM audit_events WHERE id = 2"], r"audit events 2\.\.2 are missing"),
+        (["DELETE FROM audit_events WHERE id = 4"], "the log ends at event 3 but the head says"),
+        (
+            ["UPDATE audit_events SET prev_hash = '" + "1" * 64 + "' WHERE id = 3"],
+            "audit event 3 does not follow event 2",
+        ),
+    ],
+)
+def test_tampering_with_the_log_is_named(
+    store: Store, stored: int, statements: list[str], problem: str
+) -> None:
+    _as_attacker(store, *statements)
+    report = _verify(store)
+    assert not report.ok and report.problem is not None
+    assert pytest.approx(0) == 0 and __import__("re").search(problem, report.problem), (
+        report.problem
+    )
+
+
+def test_rows_changed_behind_the_log_are_named(
+    store: Store, stored: int, users: dict[str, User]
+) -> None:
+    mid = _reviewed(store, users)
+    with store.engine.begin() as connection:
+        connection.execute(update(Measurement).where(Measurement.id == mid).values(value_mm=99.0))
+    report = _verify(store)
+    assert not report.ok and f"measurement {mid}: value_mm is 99.0" in (report.problem or "")
+
+
+def test_a_review_added_or_removed_behind_the_log_is_named(
+    store: Store, stored: int, users: dict[str, User]
+) -> None:
+    mid = _reviewed(store, users)
+    with store.engine.begin() as connection:
+        connection.execute(update(Review).values(reason="changed my mind"))
+    report = _verify(store)
+    assert not report.ok and "review 1: reason" in (report.problem or "")
+    with store.engine.begin() as connection:
+        connection.execute(text("DELETE FROM reviews"))
+    report = _verify(store)
+    assert not report.ok and "review 1 is in the audit log but not in the table" in (
+        report.problem or ""
+    )
+    assert mid > 0
+
+
+def test_a_rewritten_log_is_caught_by_the_head_kept_elsewhere(store: Store, stored: int) -> None:
+    kept = _verify(store).head_hash
+    _as_attacker(
+        store,
+        "DELETE FROM audit_events WHERE id = 4",
+        "UPDATE audit_head SET last_id = 3, "
+        "last_hash = (SELECT hash FROM audit_events WHERE id = 3)",
+        "DELETE FROM measurements WHERE id = (SELECT max(id) FROM measurements)",
+    )
+    report = _verify(store, kept)
+    assert _verify(store).ok  # consistent inside the database: only the kept head tells
+    assert not report.ok and "is not the expected" in (report.problem or "")

@@ -1,0 +1,129 @@
+"""Fixtures of the store's tests (a pytest plugin of tests/conftest.py): real databases, an
+SQLite file and a fresh PostgreSQL database.
+
+PostgreSQL comes from ``RADCALIPER_TEST_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``, the server ``.ci/run`` makes sure of). Each test
+gets its own database, copied from a template that was migrated once per session. An unreachable
+server fails the tests: the store must work on both.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from db.engine import Store, open_store
+from db.migrate import upgrade
+from db.models import Role, User
+from db.store import store_result
+from db.users import add_user
+from ingestion.phantoms import generate_phantom
+from ingestion.volume import Volume
+from model.measurer.data import phantom_volume
+
+from db_helpers import identity, make_result
+
+POSTGRES = os.environ.get(
+    "RADCALIPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def _admin(url: str) -> psycopg.Connection:
+    parsed = make_url(url)
+    return psycopg.connect(
+        host=parsed.host,
+        port=parsed.port or 5432,
+        user=parsed.username,
+        password=parsed.password,
+        dbname=parsed.database,
+        autocommit=True,
+    )
+
+
+def _with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str]:
+    name = f"radcaliper_template_{uuid.uuid4().hex[:8]}"
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    upgrade(_with_database(POSTGRES, name))
+    yield name
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database without tables: ``request.param`` is the backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        return
+    name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    yield _with_database(POSTGRES, name)
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A migrated, empty store on each backend."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        upgrade(url)
+        opened = open_store(url)
+        yield opened
+        opened.dispose()
+        return
+    template = request.getfixturevalue("postgres_template")
+    name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    opened = open_store(_with_database(POSTGRES, name))
+    yield opened
+    opened.dispose()
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def volume() -> Volume:
+    return phantom_volume(generate_phantom(21))
+
+
+@pytest.fixture
+def stored(store: Store, volume: Volume) -> int:
+    """The run id of one stored result."""
+    with store.writer() as session:
+        outcome = store_result(
+            session,
+            make_result(volume),
+            volume,
+            identity(volume),
+            actor="cli:test",
+            started_at=datetime.now(UTC),
+        )
+        session.commit()
+    return outcome.run_id
+
+
+@pytest.fixture
+def users(store: Store) -> dict[str, User]:
+    out = {}
+    with store.writer() as session:
+        for name, role in (("alice", Role.REVIEWER), ("bob", Role.REVIEWER), ("ida", Role.AUDITOR)):
+            out[name] = add_user(session, name, role, password="correct horse", actor="cli:test")
+        session.commit()
+    return out
