@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from app.cli_model import calibrate, evaluate, measure, serve, train
+from app.cli_store import audit_app, db_app, users_app
+from app.console import EXIT_NOTHING, EXIT_OK, err, out, settings_of
 from app.logs import configure_logging
 from app.settings import Settings
 
@@ -35,19 +37,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-EXIT_OK = 0
-EXIT_PARTIAL = 1
-EXIT_NOTHING = 2
-
-
-def _settings(ctx: typer.Context) -> Settings:
-    settings = ctx.obj
-    if not isinstance(settings, Settings):  # pragma: no cover - set by the callback
-        raise RuntimeError("settings not initialised")
-    return settings
+_settings = settings_of
 
 
 def _version_callback(value: bool) -> None:
@@ -188,6 +178,13 @@ def phantoms(
             out_dir, n=n, seed=seed, nifti=nifti, on_study=lambda _: progress.advance(task)
         )
     out.print(f"Wrote {len(studies)} studies to {out_dir}")
+
+
+for command in (measure, train, calibrate, evaluate, serve):
+    app.command()(command)
+app.add_typer(db_app, name="db")
+app.add_typer(users_app, name="users")
+app.add_typer(audit_app, name="audit")
 
 
 def main() -> None:

@@ -40,6 +40,16 @@ class Settings(BaseSettings):
         default=None,
         description="Modality recorded for NIfTI inputs, which do not store one.",
     )
+    pseudonym_key: str | None = Field(
+        default=None,
+        description="Site secret: when set, patient IDs are stored as keyed pseudonyms.",
+        repr=False,
+    )
+
+    @property
+    def default_database(self) -> bool:
+        """True when no database was configured (the SQLite file in ``data_dir``)."""
+        return not self.database_url
 
     @property
     def effective_database_url(self) -> str:

@@ -1,0 +1,608 @@
+"""The measurer's commands: measure, train, calibrate, evaluate and serve (registered on the
+``radcaliper`` app by ``app.cli``). Heavy libraries are imported inside each command."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from app.cli_store import DbOption, open_database
+from app.console import EXIT_NOTHING, EXIT_OK, cli_actor, command_line, err, out, settings_of
+
+__all__ = [
+    "RESULTS_BEGIN",
+    "RESULTS_END",
+    "calibrate",
+    "evaluate",
+    "measure",
+    "serve",
+    "train",
+]
+
+logger = logging.getLogger(__name__)
+_settings = settings_of
+
+
+class _LineProgress:
+    """Progress for logs (stderr not a terminal: batch jobs, CI): one line per 5 % or per
+    minute with the step, the elapsed time and an ETA, instead of a live bar nobody sees."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for task in self._tasks.values():
+            self._line(task, force=True)
+
+    def add_task(self, description: str, total: int, status: str = "") -> int:
+        now = time.monotonic()
+        key = len(self._tasks)
+        self._tasks[key] = {
+            "description": description,
+            "total": max(1, int(total)),
+            "completed": 0,
+            "status": status,
+            "start": now,
+            "last_time": now,
+            "last_done": 0,
+        }
+        return key
+
+    def update(self, key: int, *, completed: int | None = None, status: str | None = None) -> None:
+        task = self._tasks[key]
+        if completed is not None:
+            task["completed"] = completed
+        if status is not None:
+            task["status"] = status
+        self._line(task)
+
+    def advance(self, key: int, amount: int = 1) -> None:
+        self.update(key, completed=self._tasks[key]["completed"] + amount)
+
+    def _line(self, task: dict[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        done, total, last = task["completed"], task["total"], task["last_done"]
+        if done == last:
+            return
+        every = max(1, total // 20)
+        if not (force or done // every > last // every or now - task["last_time"] >= 60):
+            return
+        elapsed = now - task["start"]
+        eta = elapsed / done * (total - done) if done > 0 else float("nan")
+        err.print(
+            f"{task['description']}: {done}/{total} ({100 * done / total:.0f} %), "
+            f"elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min {task['status']}".rstrip()
+        )
+        task["last_time"], task["last_done"] = now, done
+
+
+def _progress() -> Any:
+    """A live progress bar on a terminal; plain progress lines otherwise."""
+    if not err.is_terminal:
+        return _LineProgress()
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=err,
+        transient=False,
+    )
+
+
+def _load_measurer(model_dir: Path | None) -> Any:
+    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.pipeline import CheckpointMeasurer
+
+    directory = model_dir or default_checkpoint()
+    if model_dir is None and not directory.is_dir():
+        err.print(
+            f"[red]error:[/red] the bundled demo model is missing ({directory}); reinstall "
+            "radcaliper or pass --model DIR"
+        )
+        raise typer.Exit(EXIT_NOTHING)
+    return CheckpointMeasurer.load(directory)
+
+
+def measure(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="A DICOM folder or file, or a NIfTI file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option("--model", help="Measurer checkpoint directory (default: the demo model)."),
+    ] = None,
+    db: DbOption = None,
+    no_store: Annotated[
+        bool, typer.Option("--no-store", help="Only print the result; do not store it.")
+    ] = False,
+) -> None:
+    """Find and measure the lesions (long x short axis) and vessels (diameter) of one study.
+
+    Every value comes with its calibrated range and the model's name and version. A study with
+    several series gives one result per series (a JSON list with --json). The result is stored
+    (--db, else RADCALIPER_DATABASE_URL, else SQLite in the data dir) unless --no-store; the
+    same model on the same input is stored once. Exit status: 0 measured, 2 nothing could be
+    measured (or stored).
+    """
+    from app.cli_store import checked
+    from app.measuring import measure_and_store
+    from ingestion import Modality
+    from ingestion.errors import ModelError
+    from ingestion.load import load_path
+
+    settings = _settings(ctx)
+    modality = Modality(settings.nifti_modality) if settings.nifti_modality else None
+    loaded = load_path(path, modality)
+    for rejected in loaded.rejected:
+        logger.info("skipped: %s", rejected.reason)
+    if not loaded.volumes:
+        err.print(f"[red]error:[/red] no usable CT series under {path}", highlight=False)
+        for rejected in loaded.rejected[:5]:
+            err.print(f"  - {rejected.reason}", markup=False, highlight=False)
+        raise typer.Exit(EXIT_NOTHING)
+    store = None if no_store else open_database(ctx, db)
+    measurer = _load_measurer(model_dir)
+    results = []
+    try:
+        for volume in loaded.volumes:
+            try:
+                measured = checked(
+                    functools.partial(
+                        measure_and_store,
+                        measurer,
+                        volume,
+                        source=str(path),
+                        store=store,
+                        actor=cli_actor(),
+                        pseudonym_key=settings.pseudonym_key,
+                    )
+                )
+            except ModelError as exc:
+                err.print(
+                    f"[red]not measured:[/red] series {volume.identifiers.series_instance_uid}: "
+                    f"{exc}",
+                    highlight=False,
+                )
+                continue
+            results.append(measured.result)
+            if measured.stored is not None:
+                verb = "stored as" if measured.stored.created else "already stored as"
+                err.print(
+                    f"series {measured.result.series_instance_uid}: {verb} run "
+                    f"{measured.stored.run_id}",
+                    highlight=False,
+                )
+    finally:
+        if store is not None:
+            store.dispose()
+    if not results:
+        raise typer.Exit(EXIT_NOTHING)
+    if as_json:
+        data: Any = [r.to_json() for r in results]
+        sys.stdout.write(json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n")
+    else:
+        from app.report import print_result
+
+        for result in results:
+            print_result(out, result)
+    raise typer.Exit(EXIT_OK)
+
+
+def train(
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Argument(help="Checkpoint directory to write (and resume).")],
+    phantoms_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--phantoms",
+            help="Train on the studies under this folder (from 'radcaliper phantoms'); "
+            "default: phantoms generated on the fly.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the model and the data.")] = 0,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps", min=1, help="Total steps, split 4:1 over the two stages (default 15000)."
+        ),
+    ] = None,
+    numeric_mode: Annotated[
+        str,
+        typer.Option(
+            "--numeric-mode", help="rned_corr (default), rned_rnd, xval or standard_tokens."
+        ),
+    ] = "rned_corr",
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Continue from OUT/train_state.")
+    ] = True,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads (default: all).")
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="A JSON training configuration (see the model card)."),
+    ] = None,
+    version: Annotated[str, typer.Option("--version-tag", help="Model version to record.")] = (
+        "0.1.0"
+    ),
+) -> None:
+    """Train the default measurer (tiny Circle-RoPE Qwen2.5-VL with RNED) on phantoms.
+
+    Two stages (from scratch with a wide numeric label, then a refinement), deterministic for a
+    seed, resumable: state is saved every 1000 steps under OUT/train_state. Calibrate the result
+    with 'radcaliper calibrate OUT' before use.
+    """
+    import dataclasses
+
+    from ingestion.errors import RadcaliperError
+    from model.measurer.checkpoint import NumericMode
+    from model.measurer.pool import FolderSource, PhantomSource, StudySource
+    from model.measurer.train import TrainConfig
+    from model.measurer.train import train as run_training
+
+    try:
+        mode = NumericMode(numeric_mode)
+    except ValueError:
+        err.print(
+            f"[red]error:[/red] --numeric-mode {numeric_mode!r}: use one of "
+            + ", ".join(m.value for m in NumericMode)
+        )
+        raise typer.Exit(EXIT_NOTHING) from None
+    if config_file is not None:
+        try:
+            config = TrainConfig.from_json(json.loads(config_file.read_text()))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            err.print(
+                f"[red]error:[/red] --config {config_file}: not a training configuration "
+                f"({exc}); start from the training_config.json of a model card",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_NOTHING) from None
+    else:
+        config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
+    if steps is not None:
+        first = max(1, round(steps * 0.8))
+        stages = (
+            dataclasses.replace(config.stages[0], steps=first),
+            *(dataclasses.replace(s, steps=steps - first) for s in config.stages[1:2]),
+        )
+        config = dataclasses.replace(config, stages=stages)
+    source: StudySource = (
+        FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(config.seed)
+    )
+    command = command_line(ctx)
+    with _progress() as progress:
+        task = progress.add_task("training", total=config.total_steps, status="")
+
+        def on_step(report: Any) -> None:
+            progress.update(
+                task,
+                completed=report.step,
+                status=f"{report.stage}: loss {report.loss:.3f}",
+            )
+
+        try:
+            run_training(
+                config,
+                out_dir,
+                source,
+                version=version,
+                provenance={"command": command},
+                resume=resume,
+                on_step=on_step,
+            )
+        except RadcaliperError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(EXIT_NOTHING) from None
+    out.print(f"Trained model written to {out_dir}; calibrate it: radcaliper calibrate {out_dir}")
+
+
+def calibrate(
+    model_dir: Annotated[Path, typer.Argument(help="Measurer checkpoint directory to calibrate.")],
+    n: Annotated[int, typer.Option("--n", min=10, help="Held-out studies to calibrate on.")] = 200,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Run seed of the held-out phantoms (not the training's).")
+    ] = 7001,
+    phantoms_dir: Annotated[
+        Path | None,
+        typer.Option("--phantoms", help="Calibrate on the studies under this folder instead."),
+    ] = None,
+    coverage: Annotated[
+        float, typer.Option("--coverage", min=0.5, max=0.99, help="Nominal coverage of ranges.")
+    ] = 0.90,
+) -> None:
+    """Fit the calibrated ranges of a checkpoint on held-out phantoms (split conformal).
+
+    Measures N held-out studies, fits per measurement name the interval that covers the truth
+    with the nominal probability (absolute or size-adaptive, whichever is narrower), stores it in
+    MODEL_DIR/radcaliper.json with the MAE it rests on, and reports the empirical coverage.
+    """
+    import dataclasses
+
+    from model.measurer.calibration import fit_calibration
+    from model.measurer.checkpoint import write_settings
+    from model.measurer.evaluate import calibration_pairs, evaluate
+    from model.measurer.pool import FolderSource, PhantomSource, StudySource
+    from model.measurer.results import MeasurementName
+
+    if seed == 0 and phantoms_dir is None:
+        err.print(
+            "[yellow]note[/yellow] seed 0 is the default training seed; calibrate on "
+            "studies the model never saw"
+        )
+    measurer = _load_measurer(model_dir)
+    source: StudySource = (
+        FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(seed)
+    )
+    count = n if phantoms_dir is None else min(n, len(source.folders))  # type: ignore[attr-defined]
+    with _progress() as progress:
+        task = progress.add_task("calibrating", total=count, status="")
+        evaluation = evaluate(
+            measurer,
+            (source.study(i) for i in range(count)),
+            on_study=lambda _: progress.advance(task),
+        )
+    pairs = calibration_pairs(evaluation.outcomes)
+    measured = {name for name, _, _ in pairs}
+    missing = sorted(m.value for m in MeasurementName if m.value not in measured)
+    if missing:
+        err.print(
+            f"[red]error:[/red] no matched {', '.join(missing)} measurement on {count} studies: "
+            "the model finds or measures nothing to calibrate against; train it longer"
+        )
+        raise typer.Exit(EXIT_NOTHING)
+    try:
+        calibration = fit_calibration(pairs, coverage)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_NOTHING) from exc
+    settings = dataclasses.replace(measurer.loaded.settings, calibration=calibration)
+    write_settings(model_dir, settings)
+    table = Table(title=f"Calibration of {model_dir} on {count} studies")
+    for column in ("measurement", "n", "MAE mm", "rule", "empirical coverage", "mean width mm"):
+        table.add_column(column)
+    for name, rule in sorted(calibration.rules.items()):
+        table.add_row(
+            name,
+            str(rule.n),
+            f"{rule.mae_mm:.2f}",
+            f"{rule.kind.value} q={rule.quantile:.3f}",
+            f"{rule.empirical_coverage:.3f}",
+            f"{rule.mean_width_mm:.2f}",
+        )
+    out.print(table)
+
+
+RESULTS_BEGIN = "<!-- radcaliper evaluate: begin -->"
+RESULTS_END = "<!-- radcaliper evaluate: end -->"
+
+
+def _replace_section(path: Path, text: str) -> None:
+    """Put ``text`` between the evaluate markers of ``path`` (appended the first time)."""
+    old = path.read_text() if path.is_file() else ""
+    block = f"{RESULTS_BEGIN}\n{text}{RESULTS_END}\n"
+    if RESULTS_BEGIN in old and RESULTS_END in old:
+        head, rest = old.split(RESULTS_BEGIN, 1)
+        tail = rest.split(RESULTS_END, 1)[1].lstrip("\n")
+        path.write_text(head + block + tail)
+    else:
+        path.write_text(old.rstrip("\n") + "\n\n" + block)
+
+
+def evaluate(
+    ctx: typer.Context,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Tiny models, a few steps, 4 studies (for CI).")
+    ] = False,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="Training steps per configuration.")
+    ] = None,
+    studies: Annotated[
+        int, typer.Option("--studies", min=4, help="Held-out studies (half calibrate, half test).")
+    ] = 200,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Run seed of the held-out phantoms (not training's).")
+    ] = 2027,
+    work: Annotated[
+        Path | None,
+        typer.Option("--work", help="Where the compared models are trained (and found again)."),
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for the JSON results and the plots.")
+    ] = Path("benchmarks/results"),
+    results_md: Annotated[
+        Path | None,
+        typer.Option("--results-md", help="Markdown file whose evaluate section is replaced."),
+    ] = None,
+    demo: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", help="The shipped model for the Bland-Altman plot (default: demo)."
+        ),
+    ] = None,
+) -> None:
+    """Compare the numeric modes (RNED with the paper's and the correlation decoder, standard
+    tokens, xVal) and the positional modes (M-RoPE, Circle-RoPE, Circle-RoPE + AGE) at the same
+    data, backbone, budget and seed, on the same held-out phantoms.
+
+    Writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true, Bland-
+    Altman of the shipped model, coverage vs nominal) and the tables in --results-md. Models are
+    trained into --work once and reused when their configuration is unchanged.
+    """
+    import dataclasses
+    import time
+
+    from app.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
+    from app.report import comparison_markdown
+    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.compare import compare, numeric_items, results_json
+    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.pool import PhantomSource
+    from model.measurer.train import Stage, TrainConfig
+
+    settings = _settings(ctx)
+    began = time.monotonic()
+    if quick:
+        base = TrainConfig.tiny(
+            seed=0, stages=(Stage("quick", steps or 3, 1e-3, warmup_steps=1),), axes_batch=0
+        )
+        studies = 4
+    else:
+        base = TrainConfig()
+        if steps is not None:
+            first = max(1, round(steps * 0.8))
+            base = dataclasses.replace(
+                base,
+                stages=(
+                    dataclasses.replace(base.stages[0], steps=first),
+                    dataclasses.replace(base.stages[1], steps=steps - first),
+                ),
+            )
+    work_dir = work or settings.data_dir / ("evaluate-quick" if quick else "evaluate")
+    held_out = PhantomSource(seed)
+    half = studies // 2
+    calibration = [held_out.study(i) for i in range(half)]
+    test = [held_out.study(i) for i in range(half, studies)]
+    with _progress() as progress:
+        task = progress.add_task("configurations", total=7, status="")
+
+        def on_configuration(configuration: Any, phase: str) -> None:
+            progress.update(task, status=f"{configuration.name}: {phase}")
+            if phase == "evaluating":
+                progress.advance(task)
+
+        comparison = compare(
+            base,
+            work_dir,
+            PhantomSource(base.seed),
+            calibration,
+            test,
+            bootstrap_draws=100 if quick else 1000,
+            on_configuration=on_configuration,
+        )
+        progress.update(task, completed=7)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "numeric_modes.json").write_text(results_json(comparison.numeric_rows))
+    (out_dir / "positional_modes.json").write_text(results_json(comparison.positional_rows))
+    numeric_results = [r for r in comparison.results if r.configuration.table == "numeric"]
+    predicted_vs_true(
+        {r.configuration.name: r.items for r in numeric_results},
+        out_dir / "predicted_vs_true.png",
+        f"Held-out phantoms, {len(test)} studies, measured at the true centres",
+    )
+    coverage_vs_nominal(
+        {r.configuration.name: r.coverage for r in comparison.results},
+        out_dir / "coverage_vs_nominal.png",
+        "Calibrated ranges: coverage on the test half",
+    )
+    shipped = demo or default_checkpoint()
+    if (shipped / "radcaliper.json").is_file():
+        measurer = CheckpointMeasurer.load(shipped)
+        bland_altman(
+            numeric_items(measurer, test),
+            out_dir / "bland_altman_shipped.png",
+            f"{measurer.info.name} {measurer.info.version} vs truth",
+        )
+    seconds = time.monotonic() - began
+    command = command_line(ctx)
+    header = [
+        f"- command: `{command.strip()}`; run time {seconds / 60:.1f} min on this machine",
+        f"- held-out: {studies} phantoms of run seed {seed} (first half calibrates the "
+        f"ranges, second half is tested); training: seed {base.seed}, "
+        f"{base.total_steps} steps per configuration",
+        f"- results: `{out_dir}/numeric_modes.json`, `{out_dir}/positional_modes.json`, plots "
+        f"in `{out_dir}/`",
+    ]
+    text = comparison_markdown(
+        list(comparison.numeric_rows), list(comparison.positional_rows), header
+    )
+    if results_md is not None:
+        _replace_section(results_md, text)
+    out.print(text, markup=False, highlight=False)
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port.")] = 7860,
+    db: DbOption = None,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option("--model", help="Measurer checkpoint directory (default: the demo model)."),
+    ] = None,
+    session_minutes: Annotated[
+        float, typer.Option("--session-minutes", min=1, help="Login sessions expire after this.")
+    ] = 30.0,
+    demo: Annotated[
+        bool | None,
+        typer.Option(
+            "--demo/--no-demo",
+            help="Fill an empty database with demo studies and users (default: for the default "
+            "database only).",
+        ),
+    ] = None,
+) -> None:
+    """Start the review UI: log in, worklist, study view with overlays, reviews, upload, audit.
+
+    On the first start with the default database it measures three phantom studies with the demo
+    model and creates the demo users reviewer, auditor and admin, printing their passwords once
+    (also in DATA_DIR/demo-users.txt). Stop it with Ctrl-C.
+    """
+    import uvicorn
+
+    from app.ui.context import UiContext
+    from app.ui.demo import seed_demo
+    from app.ui.server import APP_PATH, create_app
+    from ingestion import Modality
+
+    settings = _settings(ctx)
+    store = open_database(ctx, db)
+    context = UiContext(
+        store=store,
+        model_dir=model_dir,
+        nifti_modality=Modality(settings.nifti_modality) if settings.nifti_modality else None,
+        upload_dir=settings.data_dir / "uploads",
+        pseudonym_key=settings.pseudonym_key,
+    )
+    if demo if demo is not None else db is None and settings.default_database:
+        with err.status("preparing the demo") as status:
+            passwords = seed_demo(
+                store,
+                context.measurer(),
+                settings.data_dir,
+                on_step=lambda text: status.update(text),
+            )
+        for name, password in passwords.items():
+            out.print(f"demo user [bold]{name}[/bold] password: {password}")
+    out.print(f"radcaliper review UI on http://{host}:{port}/ (the app is at {APP_PATH}/)")
+    uvicorn.run(
+        create_app(context, session_minutes=session_minutes),
+        host=host,
+        port=port,
+        log_level="warning",
+    )

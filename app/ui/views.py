@@ -1,0 +1,599 @@
+"""The review UI's pages (Gradio Blocks): worklist, study view, upload, audit.
+
+Every handler checks the acting user on the server (``request.username`` set by the login
+session; role from the user table), whatever the layout shows: a reviewer or admin may review,
+an auditor may not (the controls are hidden and the handler refuses), only auditors and admins
+query the audit log. Refusals and bad input reach the browser as ``gr.Error`` messages.
+"""
+
+# No ``from __future__ import annotations`` here: Gradio reads the handlers' annotations to
+# inject ``gr.Request``, ``gr.SelectData`` and ``gr.Progress``, and needs them evaluated.
+import csv
+import functools
+import io
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import gradio as gr
+
+from app.ui.context import UiContext
+from app.ui.render import WINDOWS, Overlay, index_of, render_slice
+from db.models import ReviewAction, Role
+from ingestion.errors import RadcaliperError
+
+__all__ = ["build_blocks"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+REVIEWERS = (Role.REVIEWER, Role.ADMIN)
+AUDITORS = (Role.AUDITOR, Role.ADMIN)
+WORKLIST_HEADERS = ["study", "patient", "date", "model", "measured", "findings", "to review"]
+TABLE_HEADERS = ["id", "finding", "kind", "measurement", "value mm", "range mm", "status", "by"]
+AUDIT_HEADERS = [
+    "patient",
+    "study",
+    "finding",
+    "name",
+    "value mm",
+    "range mm",
+    "model",
+    "status",
+    "reviewed mm",
+    "reviewer",
+    "reviewed at",
+]
+DEMO_BANNER = (
+    "**radcaliper review** — every value is a model output with its calibrated range. "
+    "The bundled demo model is trained on synthetic phantoms and is **not for clinical use**."
+)
+
+
+def _errors_to_gradio(handler: F) -> F:
+    """radcaliper's errors (refusals included) become a message in the browser."""
+
+    @functools.wraps(handler)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (RadcaliperError, ValueError) as error:
+            raise gr.Error(str(error)) from error
+
+    return wrapped  # type: ignore[return-value]
+
+
+def _name(request: gr.Request | None) -> str | None:
+    return None if request is None else getattr(request, "username", None)
+
+
+# --- worklist ------------------------------------------------------------------------------------
+
+
+def _worklist(context: UiContext, patient: str, status: str, request: gr.Request) -> Any:
+    from db.queries import WorklistFilter, worklist_rows
+
+    context.user(_name(request))
+    filters = WorklistFilter(
+        patient_id=patient.strip() or None, status=None if status == "all" else status
+    )
+    with context.store.reader() as session:
+        rows = worklist_rows(session, filters, pseudonym_key=context.pseudonym_key)
+    table = [
+        [
+            r["study_instance_uid"],
+            r["patient_id"],
+            r["study_date"] or "",
+            r["model"],
+            r["measured_at"][:16].replace("T", " "),
+            r["findings"],
+            r["to_review"],
+        ]
+        for r in rows
+    ]
+    choices = [r["study_instance_uid"] for r in rows]
+    return table, gr.update(choices=choices, value=choices[0] if choices else None)
+
+
+# --- study view ----------------------------------------------------------------------------------
+
+
+def _study_state(context: UiContext, study_uid: str) -> dict[str, Any]:
+    from db.queries import study_measurements
+
+    with context.store.reader() as session:
+        study = study_measurements(session, study_uid)
+    if study is None:
+        raise gr.Error(f"study {study_uid} is not stored")
+    study["study_instance_uid"] = study_uid
+    return study
+
+
+def _table(study: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for finding in study["findings"]:
+        for m in finding["measurements"]:
+            value = "not measurable" if m["value_mm"] is None else f"{m['value_mm']:.1f}"
+            shown = m["reviewed_value_mm"]
+            if shown is not None:
+                value += f" -> {shown:.1f}"
+            span = "" if m["range_mm"] is None else f"{m['range_mm'][0]:.1f}-{m['range_mm'][1]:.1f}"
+            rows.append(
+                [
+                    m["id"],
+                    finding["number"],
+                    finding["kind"],
+                    m["name"].replace("_", " "),
+                    value,
+                    span,
+                    m["status"],
+                    m["reviewer"] or "",
+                ]
+            )
+    return rows
+
+
+def _overlays(study: dict[str, Any], selected: int | None) -> list[Overlay]:
+    out = []
+    for finding in study["findings"]:
+        ids = [m["id"] for m in finding["measurements"]]
+        diameter = next(
+            (m["value_mm"] for m in finding["measurements"] if m["name"] == "diameter"), None
+        )
+        out.append(
+            Overlay(
+                number=finding["number"],
+                kind=finding["kind"],
+                slice_index=finding["slice_index"],
+                center_lps_mm=tuple(finding["center_lps_mm"]),
+                axes_lps_mm=finding["axes_lps_mm"],
+                diameter_mm=diameter,
+                selected=selected in ids,
+            )
+        )
+    return out
+
+
+def _window(preset: str, level: float, width: float) -> tuple[float, float]:
+    if preset in WINDOWS:
+        return WINDOWS[preset]
+    if not width or width <= 0:
+        raise gr.Error("a custom window needs a width > 0 HU")
+    return (float(level), float(width))
+
+
+def _image(
+    context: UiContext,
+    study: dict[str, Any],
+    index: int,
+    preset: str,
+    level: float,
+    width: float,
+    zoom: float,
+    selected: int | None,
+) -> Any:
+    volume = context.volume(study["source"], study["series_instance_uid"])
+    index = max(0, min(int(index), volume.shape[0] - 1))
+    return render_slice(
+        volume, index, _window(preset, level, width), zoom, _overlays(study, selected)
+    )
+
+
+def _open_study(
+    context: UiContext, study_uid: str | None, preset: str, level: float, width: float,
+    zoom: float, request: gr.Request,
+) -> Any:  # fmt: skip
+    user = context.user(_name(request))
+    if not study_uid:
+        raise gr.Error("choose a study in the worklist first")
+    study = _study_state(context, study_uid)
+    volume = context.volume(study["source"], study["series_instance_uid"])
+    first = study["findings"][0]["slice_index"] if study["findings"] else volume.shape[0] // 2
+    measurement_ids = [m[0] for m in _table(study)]
+    banner = f"{study['model']}" + (
+        "  —  NOT FOR CLINICAL USE" if study["not_for_clinical_use"] else ""
+    )
+    return (
+        gr.Tabs(selected="study"),
+        study,
+        gr.update(maximum=volume.shape[0] - 1, value=first),
+        _image(context, study, first, preset, level, width, zoom, None),
+        _table(study),
+        gr.update(choices=measurement_ids, value=measurement_ids[0] if measurement_ids else None),
+        f"**{study_uid}** — {banner}; logged in as {user.name} ({user.role.value})",
+    )
+
+
+def _redraw(
+    context: UiContext, study: dict[str, Any] | None, index: int, preset: str, level: float,
+    width: float, zoom: float, selected: int | None, request: gr.Request,
+) -> Any:  # fmt: skip
+    context.user(_name(request))
+    if not study:
+        return None
+    return _image(context, study, index, preset, level, width, zoom, selected)
+
+
+def _review(
+    context: UiContext, study: dict[str, Any] | None, measurement_id: int | None, action: str,
+    value: float | None, reason: str, index: int, preset: str, level: float, width: float,
+    zoom: float, request: gr.Request,
+) -> Any:  # fmt: skip
+    from db.review import review_measurement
+
+    user = context.user(_name(request), *REVIEWERS)
+    if not study or measurement_id is None:
+        raise gr.Error("open a study and choose a measurement first")
+    seen = None
+    for finding in study["findings"]:
+        for m in finding["measurements"]:
+            if m["id"] == int(measurement_id):
+                seen = m["version"]
+    if seen is None:
+        raise gr.Error(f"measurement {measurement_id} is not in this study")
+    with context.store.writer() as session:
+        review_measurement(
+            session,
+            int(measurement_id),
+            action=ReviewAction(action),
+            reviewer=user,
+            seen_version=seen,
+            value_mm=float(value) if action == "correct" and value is not None else None,
+            reason=reason.strip() or None,
+        )
+        session.commit()
+    fresh = _study_state(context, study["study_instance_uid"])
+    message = f"{action} of measurement {measurement_id} saved by {user.name}"
+    return (
+        fresh,
+        _table(fresh),
+        _image(context, fresh, index, preset, level, width, zoom, int(measurement_id)),
+        message,
+    )
+
+
+def _click(
+    context: UiContext, study: dict[str, Any] | None, index: int, zoom: float,
+    evt: gr.SelectData, request: gr.Request,
+) -> str:  # fmt: skip
+    from db.audit import append_event
+
+    user = context.user(_name(request), *REVIEWERS)
+    if not study:
+        raise gr.Error("open a study first")
+    volume = context.volume(study["source"], study["series_instance_uid"])
+    x, y = (float(v) for v in evt.index)
+    row, column = index_of(volume, zoom, x, y)
+    point = tuple(float(v) for v in volume.geometry.index_to_lps((int(index), row, column)))
+    finding = context.measurer().measure_at(volume, point)
+    text = (
+        "the model sees nothing it can measure there"
+        if finding is None
+        else f"{finding.kind.value}: "
+        + ", ".join(
+            f"{m.name.value.replace('_', ' ')} "
+            + ("not measurable" if m.value_mm is None else f"{m.value_mm:.1f} mm")
+            + ("" if m.range_mm is None else f" [{m.range_mm[0]:.1f}, {m.range_mm[1]:.1f}]")
+            for m in finding.measurements
+        )
+    )
+    with context.store.writer() as session:
+        append_event(
+            session,
+            actor=user.name,
+            action="point.measured",
+            object_type="run",
+            object_id=int(study["run_id"]),
+            details={
+                "point_lps_mm": list(point),
+                "slice_index": int(index),
+                "result": None if finding is None else finding.to_json(),
+            },
+        )
+        session.commit()
+    return f"At ({point[0]:.1f}, {point[1]:.1f}, {point[2]:.1f}) mm: {text}"
+
+
+# --- upload --------------------------------------------------------------------------------------
+
+
+def _upload(
+    context: UiContext, file: str | None, request: gr.Request, progress: gr.Progress
+) -> str:
+    from app.measuring import measure_and_store
+    from app.ui.uploads import receive_upload
+    from ingestion.load import load_path
+
+    user = context.user(_name(request), *REVIEWERS)
+    if not file:
+        raise gr.Error("choose a zipped DICOM folder or a NIfTI file first")
+    progress(0.05, desc="checking the upload")
+    kept = receive_upload(
+        Path(file), context.upload_dir, max_bytes=context.max_upload_bytes, on_step=None
+    )
+    progress(0.2, desc="reading the images")
+    loaded = load_path(kept.path, context.nifti_modality)
+    if not loaded.volumes:
+        reasons = "; ".join(r.reason for r in loaded.rejected[:3]) or "no images"
+        raise gr.Error(f"the upload holds no usable CT series ({reasons})")
+    measurer = context.measurer()
+    lines = []
+    for k, volume in enumerate(loaded.volumes):
+        progress(0.3 + 0.6 * k / len(loaded.volumes), desc=f"measuring series {k + 1}")
+        try:
+            measured = measure_and_store(
+                measurer,
+                volume,
+                source=str(kept.path),
+                store=context.store,
+                actor=user.name,
+                pseudonym_key=context.pseudonym_key,
+            )
+        except RadcaliperError as error:
+            lines.append(f"series {volume.identifiers.series_instance_uid}: not measured: {error}")
+            continue
+        result = measured.result
+        lines.append(f"study {result.study_instance_uid}: {len(result.findings)} finding(s) stored")
+    progress(1.0, desc="done")
+    return "\n".join(lines)
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+
+def _parse_day(name: str, value: str) -> datetime | None:
+    if not value.strip():
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise gr.Error(f"{name} {value!r} is not a date (use 2026-11-23)") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _audit(
+    context: UiContext, patient: str, study: str, since: str, until: str, version: str,
+    status: str, reviewer: str, request: gr.Request,
+) -> Any:  # fmt: skip
+    from app.plots import agreement_figure
+    from db.models import ReviewStatus
+    from db.queries import MeasurementFilter, measurement_rows
+
+    context.user(_name(request), *AUDITORS)
+    filters = MeasurementFilter(
+        patient_id=patient.strip() or None,
+        study_instance_uid=study.strip() or None,
+        since=_parse_day("since", since),
+        until=_parse_day("until", until),
+        model_version=version.strip() or None,
+        status=None if status == "all" else ReviewStatus(status),
+        reviewer=reviewer.strip() or None,
+        limit=5000,
+    )
+    with context.store.reader() as session:
+        rows = measurement_rows(session, filters, pseudonym_key=context.pseudonym_key)
+    table = [
+        [
+            r["patient_id"],
+            r["study_instance_uid"],
+            r["finding_id"],
+            r["name"],
+            r["value_mm"],
+            "" if r["range_mm"] is None else f"{r['range_mm'][0]:.1f}-{r['range_mm'][1]:.1f}",
+            r["model_version"],
+            r["status"],
+            r["reviewed_value_mm"],
+            r["reviewer"] or "",
+            r["reviewed_at"] or "",
+        ]
+        for r in rows
+    ]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["no rows"])
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+    path = Path(tempfile.mkdtemp(prefix="radcaliper-audit-")) / "measurements.csv"
+    path.write_text(buffer.getvalue())
+    figure, summary = agreement_figure(rows)
+    return table, str(path), figure, summary
+
+
+# --- layout --------------------------------------------------------------------------------------
+
+
+def _roles(context: UiContext, request: gr.Request) -> Any:
+    user = context.user(_name(request))
+    reviewer = user.role in REVIEWERS
+    auditor = user.role in AUDITORS
+    return (
+        f"Logged in as **{user.name}** ({user.role.value}) — [log out](/logout)",
+        gr.update(visible=reviewer),
+        gr.update(visible=reviewer),
+        gr.update(visible=auditor),
+    )
+
+
+def build_blocks(context: UiContext) -> gr.Blocks:
+    """The whole UI; mounted behind the login by ``app.ui.server``."""
+    with gr.Blocks(title="radcaliper review") as blocks:
+        gr.Markdown(DEMO_BANNER)
+        who = gr.Markdown()
+        study_state = gr.State(None)
+        with gr.Tabs() as tabs:
+            with gr.Tab("Worklist", id="worklist"):
+                with gr.Row():
+                    patient_filter = gr.Textbox(label="patient ID", scale=2)
+                    status_filter = gr.Radio(
+                        ["all", "pending", "reviewed"], value="all", label="review status"
+                    )
+                    refresh = gr.Button("Refresh")
+                worklist = gr.Dataframe(headers=WORKLIST_HEADERS, interactive=False, wrap=True)
+                with gr.Row():
+                    study_choice = gr.Dropdown(label="study", choices=[], scale=3)
+                    open_button = gr.Button("Open study", variant="primary")
+            with gr.Tab("Study", id="study"):
+                title = gr.Markdown("Open a study from the worklist.")
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        image = gr.Image(
+                            type="pil", interactive=False, label="slice", format="png",
+                            elem_id="study-image",
+                        )  # fmt: skip
+                        slice_slider = gr.Slider(
+                            0, 1, step=1, value=0, label="slice", elem_id="slice-slider"
+                        )
+                        with gr.Row():
+                            preset = gr.Radio(
+                                [*WINDOWS, "custom"], value="soft tissue", label="window"
+                            )
+                            level = gr.Number(value=40, label="level HU")
+                            width = gr.Number(value=400, label="width HU")
+                            zoom = gr.Slider(1.0, 4.0, step=0.25, value=1.0, label="zoom")
+                        clicked = gr.Markdown("Click the image to ask the model to measure there.")
+                    with gr.Column(scale=2):
+                        table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True)
+                        with gr.Group(visible=False) as review_box:
+                            measurement = gr.Dropdown(label="measurement id", choices=[])
+                            action = gr.Radio(
+                                ["accept", "correct", "reject"], value="accept", label="action"
+                            )
+                            value = gr.Number(label="corrected value (mm)")
+                            reason = gr.Textbox(label="reason (needed to correct or reject)")
+                            submit = gr.Button("Save review", variant="primary")
+                        review_status = gr.Markdown()
+            with gr.Tab("Upload", visible=False) as upload_tab:
+                upload = gr.File(label="zipped DICOM folder or NIfTI file", type="filepath")
+                upload_button = gr.Button("Ingest and measure", variant="primary")
+                upload_status = gr.Textbox(label="result", lines=4, interactive=False)
+            with gr.Tab("Audit", visible=False) as audit_tab:
+                with gr.Row():
+                    a_patient = gr.Textbox(label="patient ID")
+                    a_study = gr.Textbox(label="study UID")
+                    a_since = gr.Textbox(label="measured since (YYYY-MM-DD)")
+                    a_until = gr.Textbox(label="measured before (YYYY-MM-DD)")
+                with gr.Row():
+                    a_version = gr.Textbox(label="model version")
+                    a_status = gr.Dropdown(
+                        ["all", "pending", "accepted", "corrected", "rejected"],
+                        value="all",
+                        label="status",
+                    )
+                    a_reviewer = gr.Textbox(label="reviewer")
+                    a_run = gr.Button("Query", variant="primary")
+                audit_table = gr.Dataframe(headers=AUDIT_HEADERS, interactive=False, wrap=True)
+                with gr.Row():
+                    audit_csv = gr.DownloadButton("Download CSV")
+                    agreement = gr.Markdown()
+                audit_plot = gr.Plot(label="model vs reviewer (Bland-Altman)")
+
+        view = [slice_slider, preset, level, width, zoom]
+
+        @_errors_to_gradio
+        def roles(request: gr.Request) -> Any:
+            return _roles(context, request)
+
+        @_errors_to_gradio
+        def worklist_rows(patient: str, status: str, request: gr.Request) -> Any:
+            return _worklist(context, patient, status, request)
+
+        @_errors_to_gradio
+        def open_study(
+            study_uid: str | None, preset_: str, level_: float, width_: float, zoom_: float,
+            request: gr.Request,
+        ) -> Any:  # fmt: skip
+            return _open_study(context, study_uid, preset_, level_, width_, zoom_, request)
+
+        @_errors_to_gradio
+        def redraw(
+            study: dict[str, Any] | None, index: int, preset_: str, level_: float,
+            width_: float, zoom_: float, selected: int | None, request: gr.Request,
+        ) -> Any:  # fmt: skip
+            return _redraw(context, study, index, preset_, level_, width_, zoom_, selected, request)
+
+        @_errors_to_gradio
+        def review(
+            study: dict[str, Any] | None, measurement_id: int | None, action_: str,
+            value_: float | None, reason_: str, index: int, preset_: str, level_: float,
+            width_: float, zoom_: float, request: gr.Request,
+        ) -> Any:  # fmt: skip
+            return _review(
+                context, study, measurement_id, action_, value_, reason_, index, preset_,
+                level_, width_, zoom_, request,
+            )  # fmt: skip
+
+        @_errors_to_gradio
+        def click(
+            study: dict[str, Any] | None, index: int, zoom_: float, evt: gr.SelectData,
+            request: gr.Request,
+        ) -> str:  # fmt: skip
+            return _click(context, study, index, zoom_, evt, request)
+
+        @_errors_to_gradio
+        def ingest(
+            file: str | None,
+            request: gr.Request,
+            progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio's progress bar
+        ) -> str:
+            return _upload(context, file, request, progress)
+
+        @_errors_to_gradio
+        def audit(
+            patient: str, study: str, since: str, until: str, version: str, status: str,
+            reviewer: str, request: gr.Request,
+        ) -> Any:  # fmt: skip
+            return _audit(context, patient, study, since, until, version, status, reviewer, request)
+
+        blocks.load(
+            roles, outputs=[who, review_box, upload_tab, audit_tab], api_visibility="private"
+        )
+        blocks.load(
+            worklist_rows,
+            inputs=[patient_filter, status_filter],
+            outputs=[worklist, study_choice],
+            api_visibility="private",
+        )
+        refresh.click(
+            worklist_rows,
+            inputs=[patient_filter, status_filter],
+            outputs=[worklist, study_choice],
+            api_name="worklist",
+        )
+        open_button.click(
+            open_study,
+            inputs=[study_choice, preset, level, width, zoom],
+            outputs=[tabs, study_state, slice_slider, image, table, measurement, title],
+            api_name="open_study",
+        )
+        for control in [*view, measurement]:  # user input only, not the updates open_study makes
+            cast(Any, control).input(
+                redraw,
+                inputs=[study_state, *view, measurement],
+                outputs=image,
+                api_visibility="private",
+            )
+        submit.click(
+            review,
+            inputs=[study_state, measurement, action, value, reason, *view],
+            outputs=[study_state, table, image, review_status],
+            api_name="review",
+        )
+        image.select(
+            click, inputs=[study_state, slice_slider, zoom], outputs=clicked, api_name="measure_at"
+        )
+        upload_button.click(ingest, inputs=[upload], outputs=upload_status, api_name="upload")
+        a_run.click(
+            audit,
+            inputs=[a_patient, a_study, a_since, a_until, a_version, a_status, a_reviewer],
+            outputs=[audit_table, audit_csv, audit_plot, agreement],
+            api_name="audit",
+        )
+    built: gr.Blocks = blocks
+    return built

@@ -1,0 +1,129 @@
+"""The measurer's commands: measure (JSON contract, default model, refusals), train (a tiny
+configuration through the CLI, resumable), calibrate (its error when nothing can be matched, and
+a real calibration with the demo model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from ingestion.phantoms import write_phantoms
+from model.measurer.checkpoint import SETTINGS_NAME, default_checkpoint
+
+from conftest import SeriesFactory
+from measurer_helpers import TINY
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("studies")
+    write_phantoms(root / "held_out", n=2, seed=31337, nifti=True)
+    return root / "held_out"
+
+
+def test_measure_prints_the_json_contract_with_the_demo_model(studies: Path) -> None:
+    result = runner.invoke(app, ["measure", str(studies / "phantom_0000" / "dicom"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    truth = json.loads((studies / "phantom_0000" / "truth.json").read_text())
+    assert data["study_instance_uid"] == truth["study_instance_uid"]
+    assert data["series_instance_uid"] == truth["series_instance_uid"]
+    assert data["patient_id"] == truth["patient_id"]
+    assert data["model"] == {
+        "name": "radcaliper-demo",
+        "version": json.loads((default_checkpoint() / SETTINGS_NAME).read_text())["version"],
+        "numeric_mode": "rned_corr",
+        "not_for_clinical_use": True,
+    }
+    assert data["findings"], "the demo model found nothing in a phantom"
+    for finding in data["findings"]:
+        assert set(finding) == {
+            "id",
+            "kind",
+            "center_lps_mm",
+            "slice_index",
+            "measurements",
+            "axes_lps_mm",
+        }
+        names = [m["name"] for m in finding["measurements"]]
+        assert names == (
+            ["long_axis", "short_axis"] if finding["kind"] == "lesion" else ["diameter"]
+        )
+        for m in finding["measurements"]:
+            if m["value_mm"] is not None:
+                low, high = m["range_mm"]
+                assert low <= m["value_mm"] <= high and m["coverage"] == 0.9
+
+
+def test_measure_table_says_not_for_clinical_use(studies: Path) -> None:
+    result = runner.invoke(app, ["measure", str(studies / "phantom_0001" / "dicom")])
+    assert result.exit_code == 0, result.output
+    assert "NOT FOR CLINICAL USE" in result.stdout and "radcaliper-demo" in result.stdout
+
+
+def test_measure_refuses_what_it_cannot_measure(
+    studies: Path, tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    nifti = studies / "phantom_0000" / "image.nii.gz"
+    refused = runner.invoke(app, ["measure", str(nifti)])
+    assert refused.exit_code == 2 and "RADCALIPER_NIFTI_MODALITY=CT" in refused.output
+    measured = runner.invoke(
+        app, ["measure", str(nifti), "--json"], env={"RADCALIPER_NIFTI_MODALITY": "CT"}
+    )
+    assert measured.exit_code == 0, measured.output
+    write_series(tmp_path / "mr", n=4, modality="MR")
+    mr = runner.invoke(app, ["measure", str(tmp_path / "mr")])
+    assert mr.exit_code == 2 and "trained on CT only" in mr.output
+    assert "Traceback" not in mr.output
+    empty = runner.invoke(app, ["measure", str(tmp_path / "nothing")])
+    assert empty.exit_code == 2 and "no usable CT series" in empty.output
+    not_a_model = runner.invoke(
+        app, ["measure", str(studies / "phantom_0000" / "dicom"), "--model", str(tmp_path)]
+    )
+    assert not_a_model.exit_code == 2 and "radcaliper.json is missing" in not_a_model.output
+
+
+def test_train_then_calibrate_through_the_cli(tmp_path: Path, studies: Path) -> None:
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY.to_json()))
+    out = tmp_path / "model"
+    result = runner.invoke(app, ["train", str(out), "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((out / SETTINGS_NAME).read_text())
+    assert settings["training"]["config"] == TINY.to_json()
+    assert settings["training"]["command"].startswith("radcaliper train")
+    assert settings["calibration"] is None
+    again = runner.invoke(app, ["train", str(out), "--config", str(config)])
+    assert again.exit_code == 0  # resumes at the end: nothing to do
+    other = dataclasses.replace(TINY, seed=2)
+    config.write_text(json.dumps(other.to_json()))
+    clash = runner.invoke(app, ["train", str(out), "--config", str(config)])
+    assert clash.exit_code == 2 and "another configuration" in clash.output
+    bad = runner.invoke(app, ["train", str(out), "--numeric-mode", "roman"])
+    assert bad.exit_code == 2 and "rned_corr" in bad.output
+
+    untrained = runner.invoke(app, ["calibrate", str(out), "--phantoms", str(studies), "--n", "10"])
+    assert untrained.exit_code == 2 and "train it longer" in untrained.output
+    assert json.loads((out / SETTINGS_NAME).read_text())["calibration"] is None
+
+
+def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
+    model = tmp_path / "demo"
+    model.mkdir()
+    for path in default_checkpoint().iterdir():
+        (model / path.name).write_bytes(path.read_bytes())
+    result = runner.invoke(app, ["calibrate", str(model), "--n", "20", "--seed", "555"])
+    assert result.exit_code == 0, result.output
+    calibration = json.loads((model / SETTINGS_NAME).read_text())["calibration"]
+    assert set(calibration) == {"long_axis", "short_axis", "diameter"}
+    for rule in calibration.values():
+        assert rule["coverage"] == 0.9 and rule["n"] >= 9 and rule["mae_mm"] >= 0
+        assert rule["kind"] in ("absolute", "adaptive")
+    assert "empirical coverage" in result.stdout
