@@ -101,6 +101,7 @@ if TYPE_CHECKING:
         GroupedFinding,
         GroupingRule,
         group_detections,
+        merge_duplicates,
         plane_detections,
     )
     from model.measurer.images import (
@@ -297,6 +298,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "GroupedFinding",
         "GroupingRule",
         "group_detections",
+        "merge_duplicates",
         "plane_detections",
     ),
     "model.measurer.images": (
@@ -527,6 +529,7 @@ __all__ = [
     "measure_example",
     "measure_findings",
     "measure_prompt",
+    "merge_duplicates",
     "merge_lora",
     "numeric_items",
     "numeric_metrics",

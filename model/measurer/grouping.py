@@ -13,6 +13,11 @@ kind on nearby planes whose centres lie close together in the axial plane are on
   (:attr:`GroupingRule.min_plane_fraction` of ``(0.4 * long side + slice spacing) /
   plane spacing``, the least visible extent the phantom spec allows) is dropped as noise.
 
+After re-centring (``model.measurer.pipeline``), two findings of the same kind whose centres
+nearly coincide in the axial plane and whose z lie within half the larger one's size (plus two
+plane spacings) are one finding split along z (a gap of missed planes): :func:`merge_duplicates`
+keeps the one with the larger box, whose plane is nearer the finding's widest cross-section.
+
 Pure NumPy; coordinates are LPS mm.
 """
 
@@ -27,7 +32,14 @@ from ingestion.geometry import Geometry
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding
 
-__all__ = ["Detection", "GroupedFinding", "GroupingRule", "group_detections", "plane_detections"]
+__all__ = [
+    "Detection",
+    "GroupedFinding",
+    "GroupingRule",
+    "group_detections",
+    "merge_duplicates",
+    "plane_detections",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class GroupingRule:
     min_link_mm: float = 5.0
     link_fraction: float = 0.5
     min_plane_fraction: float = 0.3
+    duplicate_fraction: float = 0.25  # merge_duplicates: in-plane reach as a fraction of size
 
 
 def plane_detections(
@@ -146,3 +159,32 @@ def _enough_planes(finding: GroupedFinding, plane_spacing_mm: float, rule: Group
     where its cross-section is >= 60 % of the central one); demand a fraction of that."""
     expected = (0.4 * finding.size_mm + plane_spacing_mm) / plane_spacing_mm
     return len(finding.planes) >= rule.min_plane_fraction * expected
+
+
+def merge_duplicates(
+    findings: Sequence[GroupedFinding], plane_spacing_mm: float, rule: GroupingRule | None = None
+) -> list[GroupedFinding]:
+    """Merge findings of one kind split along z (module doc), ordered as
+    :func:`group_detections` orders them; the kept finding's planes become the union of both.
+
+    ``plane_spacing_mm``: distance between consecutive examined planes.
+    """
+    rule = rule or GroupingRule()
+    kept: list[GroupedFinding] = []
+    for finding in sorted(findings, key=lambda f: (-f.size_mm, -len(f.planes))):
+        for k, other in enumerate(kept):
+            if other.kind is not finding.kind:
+                continue
+            reach = max(
+                rule.min_link_mm, rule.duplicate_fraction * min(other.size_mm, finding.size_mm)
+            )
+            dx = other.center_lps_mm[0] - finding.center_lps_mm[0]
+            dy = other.center_lps_mm[1] - finding.center_lps_mm[1]
+            dz = abs(other.center_lps_mm[2] - finding.center_lps_mm[2])
+            if np.hypot(dx, dy) <= reach and dz <= other.size_mm / 2 + 2 * plane_spacing_mm:
+                planes = tuple(sorted(set(other.planes) | set(finding.planes)))
+                kept[k] = GroupedFinding(other.kind, other.center_lps_mm, planes, other.size_mm)
+                break
+        else:
+            kept.append(finding)
+    return sorted(kept, key=lambda f: (f.kind is not FindingKind.LESION, f.center_lps_mm[2]))

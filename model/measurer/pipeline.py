@@ -8,8 +8,14 @@
    examined plane (planes at least :attr:`InferenceOptions.find_plane_mm` apart), batched;
    a malformed answer drops that plane's boxes and is counted in the result's warnings;
 3. joins the boxes into findings (``model.measurer.grouping``);
-4. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
-   checkpoint's calibrated ranges; a malformed answer makes its measurements "not measurable".
+4. confirms the candidates with the point task where the checkpoint asks for it;
+5. re-centres each finding in the axial plane on the middle of its long axis (or diameter), as
+   the axes task draws it on a crop at the grouped centre (the find step's boxes are coarse:
+   1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
+   merges candidates split along z (``grouping.merge_duplicates``);
+6. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
+   checkpoint's calibrated ranges; a malformed answer makes its measurements "not measurable";
+   the axes are drawn again on the measured crop.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -33,7 +39,12 @@ from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
 from model.measurer.data import axes_example, measure_example, point_example
 from model.measurer.find import FindExample, plane_images, prepare_for_find
-from model.measurer.grouping import GroupingRule, group_detections, plane_detections
+from model.measurer.grouping import (
+    GroupingRule,
+    group_detections,
+    merge_duplicates,
+    plane_detections,
+)
 from model.measurer.inference import generate_texts, measure_findings, outcome_for
 from model.measurer.results import (
     MEASUREMENTS_OF,
@@ -80,6 +91,7 @@ class InferenceOptions:
     find_batch: int = 64
     measure_batch: int = 16
     verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
+    recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
@@ -150,12 +162,15 @@ class CheckpointMeasurer:
         """All findings of ``volume`` (module doc)."""
         self._check(volume)
         warnings: list[str] = []
-        grouped = self._find(volume, warnings)
+        grouped, plane_spacing = self._find(volume, warnings)
         verify = self.options.verify
         if verify is None:
             verify = self.loaded.settings.verify_candidates
         if verify:
             grouped = self._verify(volume, grouped, warnings)
+        if self.options.recentre:
+            grouped = self._recentre(volume, grouped, warnings)
+            grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
         inputs = self.loaded.settings.measure_inputs
         examples = [measure_example(volume, g.center_lps_mm, g.kind, inputs) for g in grouped]
         outcomes = measure_findings(
@@ -262,7 +277,8 @@ class CheckpointMeasurer:
                 "axial slices to find lesions"
             )
 
-    def _find(self, volume: Volume, warnings: list[str]) -> list[Any]:
+    def _find(self, volume: Volume, warnings: list[str]) -> tuple[list[Any], float]:
+        """Candidates from the find answers, and the distance between examined planes (mm)."""
         inputs = self.loaded.settings.find_inputs
         prepared = prepare_for_find(volume, inputs)
         native = prepared.geometry.slice_spacing
@@ -290,7 +306,29 @@ class CheckpointMeasurer:
             )
             logger.warning("%d of %d find answers were malformed", malformed, len(examples))
         detections = plane_detections(answers, planes, prepared.geometry)
-        return group_detections(detections, native * stride, self.options.grouping)
+        spacing = native * stride
+        return group_detections(detections, spacing, self.options.grouping), spacing
+
+    def _recentre(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
+        """Move each candidate's axial-plane centre to the middle of the first segment (long
+        axis or diameter) of its axes answer; z stays. Unchanged where the checkpoint has no
+        axes task or the answer was malformed (counted in the warnings)."""
+        if "axes" not in self.loaded.settings.tasks or not grouped:
+            return list(grouped)
+        scratch: list[str] = []
+        axes = self._axes(volume, grouped, scratch)
+        warnings.extend(f"{w} (re-centring; centres kept)" for w in scratch)
+        out = []
+        for candidate, segments in zip(grouped, axes, strict=True):
+            if not segments:
+                out.append(candidate)
+                continue
+            a, b = segments[0]
+            x, y = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
+            out.append(
+                dataclasses.replace(candidate, center_lps_mm=(x, y, candidate.center_lps_mm[2]))
+            )
+        return out
 
     def _verify(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
         """Keep the candidates that the point task, asked at their centres, calls a finding;

@@ -22,8 +22,10 @@ from model.measurer.find import (
 )
 from model.measurer.grouping import (
     Detection,
+    GroupedFinding,
     GroupingRule,
     group_detections,
+    merge_duplicates,
     plane_detections,
 )
 from model.measurer.images import image_token_count
@@ -225,3 +227,23 @@ def test_a_large_box_on_one_plane_only_is_dropped_as_noise() -> None:
     )
     (only,) = weighted
     assert only.center_lps_mm[0] == pytest.approx(3.0 * 900 / 1000)  # area-weighted
+
+
+def test_findings_split_along_z_merge_into_the_larger_one() -> None:
+    """Same kind, centres together in-plane, z within half the size: one finding (the larger
+    box); apart in-plane, too far in z or another kind: kept apart."""
+    lesion, vessel = FindingKind.LESION, FindingKind.VESSEL
+    big = GroupedFinding(lesion, (0.0, 0.0, -100.0), (3, 4, 5), 40.0)
+    split = GroupedFinding(lesion, (2.0, 1.0, -88.0), (9, 10), 30.0)  # 12 mm above: same lesion
+    far_z = GroupedFinding(lesion, (0.0, 0.0, -40.0), (30,), 30.0)  # 60 mm away: another
+    beside = GroupedFinding(lesion, (30.0, 0.0, -100.0), (4,), 20.0)
+    other_kind = GroupedFinding(vessel, (0.0, 0.0, -99.0), (4, 5), 20.0)
+    merged = merge_duplicates([split, big, far_z, beside, other_kind], plane_spacing_mm=2.0)
+    assert [(f.kind, f.center_lps_mm) for f in merged] == [
+        (lesion, (0.0, 0.0, -100.0)),
+        (lesion, (30.0, 0.0, -100.0)),
+        (lesion, (0.0, 0.0, -40.0)),
+        (vessel, (0.0, 0.0, -99.0)),
+    ]
+    assert merged[0].planes == (3, 4, 5, 9, 10) and merged[0].size_mm == 40.0
+    assert merge_duplicates([], 2.0) == []

@@ -159,3 +159,33 @@ def test_verification_drops_what_the_point_task_calls_none(
         (FindingKind.VESSEL, 20.0),
     ]
     assert warnings == ["1 of 3 point answers were malformed"]
+
+
+def test_recentring_moves_candidates_to_the_middle_of_their_axes(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logic around the axes answers (answers fixed here; the test is not about them): the
+    in-plane centre moves to the middle of the first segment, z stays; a malformed answer keeps
+    the centre and is counted."""
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.results import FindingKind
+
+    assert "axes" in tiny.loaded.settings.tasks
+    candidates = [
+        GroupedFinding(FindingKind.LESION, (0.0, 0.0, -100.0), (0, 1), 20.0),
+        GroupedFinding(FindingKind.VESSEL, (20.0, 0.0, -100.0), (0, 1), 10.0),
+    ]
+    axes = [
+        (((4.0, 2.0, -100.0), (8.0, 6.0, -100.0)), ((5.0, 3.0, -100.0), (7.0, 5.0, -100.0))),
+        None,
+    ]
+
+    def fixed_axes(volume: Volume, grouped: object, warnings: list[str]) -> list[object]:
+        warnings.append("1 of 2 axes answers were malformed")
+        return axes
+
+    monkeypatch.setattr(tiny, "_axes", fixed_axes)
+    warnings: list[str] = []
+    moved = tiny._recentre(volume, candidates, warnings)
+    assert [m.center_lps_mm for m in moved] == [(6.0, 4.0, -100.0), (20.0, 0.0, -100.0)]
+    assert warnings == ["1 of 2 axes answers were malformed (re-centring; centres kept)"]
