@@ -3,6 +3,10 @@
 and a held-out evaluation written by ``benchmarks/bench_measurer.py --json``.
 
 Usage: python benchmarks/experiments/model_card.py CHECKPOINT_DIR EVALUATION_JSON BENCH_COMMAND
+           CALIBRATE_COMMAND CONFIG [CONFIG ...]
+
+The CONFIGs are the training runs in order (``radcaliper train --config``); each after the first
+starts from the previous run's weights (``init_from``).
 """
 
 import json
@@ -13,6 +17,10 @@ root = Path(sys.argv[1])
 settings = json.loads((root / "radcaliper.json").read_text())
 evaluation = json.loads(Path(sys.argv[2]).read_text())
 bench_command = sys.argv[3]
+calibrate_command = sys.argv[4]
+chain = [(path, json.loads(Path(path).read_text())) for path in sys.argv[5:]]
+if not chain:
+    raise SystemExit("name the training configurations in order")
 training = settings["training"]
 config = training["config"]
 calibration = settings["calibration"] or {}
@@ -22,11 +30,26 @@ def num(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-stages = "; ".join(
-    f"{s['name']}: {s['steps']} steps, lr {s['lr']:g}, trainable {s['trainable']}, "
-    f"label sigma {s['sigma'][0]:g} -> {s['sigma'][1]:g} mm"
-    for s in config["stages"]
+def run_lines(index, path, run, last):
+    stages = "; ".join(
+        f"{st['name']}: {st['steps']} steps, lr {st['lr']:g}, trainable {st['trainable']}, "
+        f"label sigma {st['sigma'][0]:g} -> {st['sigma'][1]:g} mm"
+        for st in run["stages"]
+    )
+    start = "from scratch" if not run.get("init_from") else f"from `{run['init_from']}`"
+    return (
+        f"{index}. `radcaliper train runs/demo-{index} --config {path} --threads 2"
+        + (f" --version-tag {settings['version']}" if last else "")
+        + f"` ({start}, "
+        f"phantom run seed {run['seed']}): {stages}; batches per step {run['measure_batch']} "
+        f"measure, {run['find_batch']} find, {run['point_batch']} point, {run['axes_batch']} axes"
+    )
+
+
+runs = "\n".join(
+    run_lines(i, path, run, i == len(chain)) for i, (path, run) in enumerate(chain, start=1)
 )
+total_steps = sum(st["steps"] for _, run in chain for st in run["stages"])
 size = config["size"]
 rules = "\n".join(
     f"| {name} | {r['kind']} | {num(r['quantile'], 3)} | {r['n']} | {num(r['mae_mm'])} | "
@@ -56,17 +79,18 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
   `training_config.json` (the exact training configuration).
 
 ## How it was trained
-- Data: phantoms generated on the fly, run seed {config["seed"]} (`study_seed({config["seed"]}, i)`,
-  the seeds `radcaliper phantoms --seed {config["seed"]}` uses), a rolling pool of
-  {config["pool"]["size"]} studies, {config["pool"]["studies_per_step"]} new per step.
-- {stages}; batches per step: {config["measure_batch"]} measure crops, {config["find_batch"]} find
-  planes, {config["point_batch"]} clicks, {config["axes_batch"]} axes crops; AdamW, weight decay
-  {config["weight_decay"]}, lambda ramped to {config["lambda_max"]} over {config["lambda_ramp_steps"]}
-  steps; 2 CPU threads.
-- Command (deterministic for the seed; resumable):
-  `radcaliper train OUT --config model/weights/radcaliper-demo/training_config.json`
-- Calibration: `radcaliper calibrate OUT --n 400 --seed 7001` (split conformal on 400 held-out
-  phantoms of run seed 7001):
+- Data: phantoms generated on the fly (each run its own run seed, `study_seed(seed, i)`, the
+  seeds `radcaliper phantoms --seed` uses; seeds 0-3, never the calibration's 7001 or the
+  evaluation's 2026), a rolling pool of {config["pool"]["size"]} studies,
+  {config["pool"]["studies_per_step"]} new per step; AdamW, weight decay {config["weight_decay"]};
+  2 CPU threads; {total_steps} steps in all. The runs, in order, from the repository root (each is
+  deterministic for its seed and resumable; `init_from` names the previous run's output):
+
+{runs}
+
+  The first run learns all four tasks; the later ones weight the find task more (its recall was
+  the weakest) at a lower rate. `training_config.json` is the last run's configuration.
+- Calibration: `{calibrate_command}` (split conformal on held-out phantoms of run seed 7001):
 
 | measurement | rule | quantile | n | MAE mm | coverage (calibration set) | mean width mm |
 |---|---|---|---|---|---|---|
