@@ -12,11 +12,11 @@ What goes in, and the choices made (README "DICOM SR"):
   one: the model's, or the reviewer's when corrected. The calibrated range (nominal coverage,
   e.g. 90 %) is written as the measurement's lower / upper measurement uncertainty (TID 310
   Measurement Properties): ``value - low`` and ``high - value``. A corrected value carries no
-  range and no algorithm (the range was calibrated around the model's value, and the value is
-  the reviewer's). Rejected measurements are left out; a finding with nothing left is left out,
-  and a study with no finding left gets no SR (``NothingToExportError``: TID 1500 needs a
-  measurement group). "Not measurable" (no value)
-  is left out too: highdicom's NUM item needs a value.
+  range, no algorithm and no axis coordinates (the range was calibrated around the model's
+  value, the axes are the model's, and the value is the reviewer's). Rejected measurements are
+  left out; a finding with nothing left is left out, and a study with no finding left gets no SR
+  (``NothingToExportError``: TID 1500 needs a measurement group). "Not measurable" (no value) is
+  left out too: highdicom's NUM item needs a value.
 - **Review**: each measurement's review status is a qualitative evaluation (private coding scheme
   ``99RADCAL``). The document is VERIFIED, with one verifying observer per reviewer (name, time of
   their last review), once every measurement of the run is reviewed, and then COMPLETE and
@@ -24,10 +24,12 @@ What goes in, and the choices made (README "DICOM SR"):
 - **What the store lacks**: it keeps no source headers, so the patient and study modules carry
   what is stored (the possibly pseudonymised patient id, the study date) and leave the other
   type 2 attributes empty; the SOP class of the referenced images is derived from the modality
-  (CT / MR, enhanced when the image is a frame of a multi-frame object). The store keeps no frame
-  of reference UID and no slice position or orientation, so the axis end points (LPS mm) can be
-  written neither as image coordinates (SCOORD) nor as SCOORD3D: they are not exported. Finding
-  sites are not stored either and are not invented.
+  (CT / MR, enhanced when the image is a frame of a multi-frame object). Finding sites are not
+  stored and not invented.
+- **Axes**: each measurement's axis end points (stored in LPS mm) are an SCOORD POLYLINE in
+  (column, row) image coordinates of the measured slice, mapped with the series geometry the
+  store keeps since schema 0002. Not SCOORD3D: the store keeps no frame of reference UID. A
+  series stored before 0002 (no geometry) is exported without coordinates.
 """
 
 from __future__ import annotations
@@ -174,7 +176,39 @@ def _code(value: str, meaning: str) -> Any:
     return Code(value, PRIVATE_SCHEME, meaning)
 
 
-def _measurement(m: Measurement, value: float, algorithm: Any) -> Any:
+def _axes_on_slice(series: Series, finding: Finding) -> list[Any] | None:
+    """The finding's axes as (column, row) image coordinates of the measured slice (DICOM
+    SCOORD: the top left corner of the top left pixel is (0, 0), its centre (0.5, 0.5)), one
+    2x2 array per measurement; None without stored geometry or axes, or off the slice."""
+    import numpy as np
+
+    from ingestion.geometry import Geometry
+
+    if series.geometry is None or finding.axes_lps_mm is None or finding.sop_instance_uid is None:
+        return None
+    g = series.geometry
+    geometry = Geometry(
+        origin=tuple(g["origin"]),
+        row_direction=tuple(g["row_direction"]),
+        column_direction=tuple(g["column_direction"]),
+        slice_direction=tuple(g["slice_direction"]),
+        spacing=tuple(g["spacing"]),
+    )
+    out = []
+    for segment in finding.axes_lps_mm["segments"]:
+        index = geometry.lps_to_index(np.asarray(segment, dtype=np.float64))  # (2, 3) s, r, c
+        if np.any(np.abs(index[:, 0] - finding.slice_index) > 0.5):
+            logger.warning(
+                "finding %d: axes leave the measured slice; not exported", finding.number
+            )
+            return None
+        out.append(np.stack([index[:, 2] + 0.5, index[:, 1] + 0.5], axis=1))
+    return out
+
+
+def _measurement(
+    m: Measurement, value: float, algorithm: Any, axis: Any | None, image: Any | None
+) -> Any:
     import highdicom as hd
     from pydicom.sr.codedict import codes
 
@@ -198,6 +232,15 @@ def _measurement(m: Measurement, value: float, algorithm: Any) -> Any:
         # a corrected value is the reviewer's, not the algorithm's
         algorithm_id=None if m.status is ReviewStatus.CORRECTED else algorithm,
         properties=properties,
+        referenced_coordinates=None
+        if axis is None or image is None or m.status is ReviewStatus.CORRECTED
+        else [
+            hd.sr.CoordinatesForMeasurement(
+                graphic_type=hd.sr.GraphicTypeValues.POLYLINE,
+                graphic_data=axis,
+                source_image=image,
+            )
+        ],
     )
 
 
@@ -205,39 +248,41 @@ def _group(run: Run, finding: Finding) -> Any | None:
     import highdicom as hd
     from pydicom.sr.codedict import codes
 
-    kept = [(m, v) for m in finding.measurements if (v := _value(m)) is not None]
+    axes = _axes_on_slice(run.series, finding)
+    kept = [
+        (m, v, None if axes is None or i >= len(axes) else axes[i])
+        for i, m in enumerate(finding.measurements)
+        if (v := _value(m)) is not None
+    ]
     if not kept:
         return None
-    coverages = sorted({m.coverage for m, _ in kept if m.coverage is not None})
+    coverages = sorted({m.coverage for m, _, _ in kept if m.coverage is not None})
     name = run.model_name + (" (NOT FOR CLINICAL USE)" if run.not_for_clinical_use else "")
     algorithm = hd.sr.AlgorithmIdentification(
         name=name[:64],
         version=run.model_version[:64],
         parameters=[f"calibrated range coverage {c:g}" for c in coverages] or None,
     )
-    source = []
+    source, image = [], None
     if finding.sop_instance_uid is not None:
         frame = finding.frame_number
-        source.append(
-            hd.sr.SourceImageForMeasurementGroup(
-                referenced_sop_class_uid=_sop_class(run.series, frame),
-                referenced_sop_instance_uid=finding.sop_instance_uid,
-                referenced_frame_numbers=None if frame is None else [frame],
-            )
-        )
+        sop_class, frames = _sop_class(run.series, frame), None if frame is None else [frame]
+        uid = finding.sop_instance_uid
+        source.append(hd.sr.SourceImageForMeasurementGroup(sop_class, uid, frames))
+        image = hd.sr.SourceImageForRegion(sop_class, uid, frames)
     return hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(
             uid=tracking_uid(run, finding), identifier=f"finding {finding.number}"
         ),
         finding_type=getattr(codes.SCT, _KINDS[finding.kind]),
         algorithm_id=algorithm,
-        measurements=[_measurement(m, v, algorithm) for m, v in kept],
+        measurements=[_measurement(m, v, algorithm, axis, image) for m, v, axis in kept],
         qualitative_evaluations=[
             hd.sr.QualitativeEvaluation(
                 name=_code(f"review-{m.name}", f"Review status of {m.name.replace('_', ' ')}"),
                 value=_code(str(m.status), str(m.status)),
             )
-            for m, _ in kept
+            for m, _, _ in kept
         ],
         source_images=source or None,
     )

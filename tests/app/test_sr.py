@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import highdicom as hd
+import numpy as np
 import pytest
 from pydicom import Dataset
 from sqlalchemy import select
@@ -25,11 +26,13 @@ from db.models import Measurement, ReviewAction, ReviewStatus, Run, User
 from db.review import review_measurement
 from db.store import store_result
 from ingestion.errors import NothingToExportError
+from ingestion.geometry import Geometry
 from ingestion.volume import Volume
 
 from db_helpers import identity, make_result
 
 runner = CliRunner()
+AXES = (((10.0, 12.0), (20.25, 30.5)), ((14.0, 25.0), (18.0, 17.0)))  # (row, column) pairs
 SCT = {"long_axis": "103339001", "short_axis": "103340004", "diameter": "81827009"}
 # awkward floats: the SR must carry them exactly, not rounded to 16 DS characters
 VALUES = (31.234567890123456, 19.87654321098765, 24.681357913579246)
@@ -49,8 +52,20 @@ def _dciodvfy(path: Path) -> None:
 
 def _store(store: Store, volume: Volume, findings: bool = True) -> str:
     result = make_result(volume, values=VALUES)
-    if not findings:
-        result = dataclasses.replace(result, findings=())
+    on_slice = [  # axes on each finding's slice, from (row, column) index pairs
+        dataclasses.replace(
+            f,
+            axes_lps_mm=tuple(
+                tuple(
+                    tuple(volume.geometry.index_to_lps([f.slice_index, r, c]).tolist())
+                    for r, c in pair
+                )
+                for pair in AXES[: len(f.measurements)]
+            ),
+        )
+        for f in result.findings
+    ]
+    result = dataclasses.replace(result, findings=tuple(on_slice) if findings else ())
     with store.writer() as session:
         store_result(
             session,
@@ -120,12 +135,26 @@ def _check_against_store(store: Store, path: Path, study_uid: str) -> Any:
                 read = by_code[SCT[row.name]]
                 value, unit = _num(read[0])
                 corrected = row.status is ReviewStatus.CORRECTED
-                assert value == (row.reviewed_value_mm if corrected else row.value_mm)
-                assert unit == "mm" == row.unit
-                props = _items(read[0])
-                if corrected:
-                    assert not props  # the range belongs to the model's value
+                if corrected:  # range, algorithm and axes are the model's, the value is not
+                    assert not _items(read[0]) and not read.referenced_coordinates
+                    assert value == row.reviewed_value_mm and unit == "mm"
                     continue
+                assert value == row.value_mm
+                assert unit == "mm" == row.unit
+                (coordinates,) = read.referenced_coordinates
+                assert coordinates.GraphicType == "POLYLINE"
+                on_image = coordinates.ContentSequence[0].ReferencedSOPSequence[0]
+                assert on_image.ReferencedSOPInstanceUID == finding.sop_instance_uid
+                column_row = np.asarray(coordinates.GraphicData, dtype=np.float64).reshape(2, 2)
+                k = [n.name for n in finding.measurements].index(row.name)
+                expected = np.asarray(AXES[k], dtype=np.float64)[:, ::-1] + 0.5
+                np.testing.assert_allclose(column_row, expected, atol=1e-4)
+                g = Geometry(**{n: tuple(v) for n, v in run.series.geometry.items()})
+                back = g.index_to_lps(
+                    [[finding.slice_index, r - 0.5, c - 0.5] for c, r in column_row]
+                )
+                np.testing.assert_allclose(back, finding.axes_lps_mm["segments"][k], atol=1e-3)
+                props = _items(read[0])
                 low, low_unit = _num(props["-, range of lower measurement uncertainty"][0])
                 high, high_unit = _num(props["+, range of upper measurement uncertainty"][0])
                 assert low_unit == high_unit == "mm"
