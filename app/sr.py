@@ -28,8 +28,9 @@ What goes in, and the choices made (README "DICOM SR"):
   stored and not invented.
 - **Axes**: each measurement's axis end points (stored in LPS mm) are an SCOORD POLYLINE in
   (column, row) image coordinates of the measured slice, mapped with the series geometry the
-  store keeps since schema 0002. Not SCOORD3D: the store keeps no frame of reference UID. A
-  series stored before 0002 (no geometry) is exported without coordinates.
+  store keeps since schema 0002 (points within half a slice of the measured slice are projected
+  onto it; axes further off are left out with a warning). Not SCOORD3D: the store keeps no
+  frame of reference UID. A series stored before 0002 (no geometry) has no coordinates.
 """
 
 from __future__ import annotations
@@ -365,7 +366,7 @@ def export_study_sr(
         is_verified=verifiers is not None,
         verifying_observer_name=None if verifiers is None else _person(verifiers[0][0]),
         verifying_organization=None if verifiers is None else organization,
-        series_description=f"radcaliper measurements ({run.model_name} {run.model_version})"[:64],
+        series_description=_description(run),
     )
     scheme = Dataset()
     scheme.CodingSchemeDesignator = PRIVATE_SCHEME
@@ -379,6 +380,13 @@ def export_study_sr(
     sr.save_as(path, enforce_file_format=True)
     logger.info("wrote SR %s (%d measurement groups)", path, len(groups))
     return SrExport(path=path, groups=len(groups), verified=verifiers is not None)
+
+
+def _description(run: Run) -> str:
+    """The SR series' description: the model, and "not for clinical use" where it applies."""
+    tail = ", NOT FOR CLINICAL USE" if run.not_for_clinical_use else ""
+    model = f"{run.model_name} {run.model_version}"[: 64 - len("radcaliper ()") - len(tail)]
+    return f"radcaliper ({model}{tail})"
 
 
 def _person(login: str) -> str:

@@ -4,6 +4,7 @@ volume exported on SQLite and PostgreSQL, checked with dciodvfy and read back wi
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -99,7 +100,7 @@ def _read_back(path: Path) -> tuple[Any, dict[str, Any]]:
     return sr, groups
 
 
-def _check_against_store(store: Store, path: Path, study_uid: str) -> Any:
+def _check_against_store(store: Store, path: Path, study_uid: str, axes: Any = AXES) -> Any:
     """Every exported value, unit, range, tracking UID and image reference equals the store's."""
     sr, groups = _read_back(path)
     with store.reader() as session:
@@ -127,7 +128,8 @@ def _check_against_store(store: Store, path: Path, study_uid: str) -> Any:
             assert ref.ReferencedSOPInstanceUID == finding.sop_instance_uid
             assert ref.ReferencedSOPClassUID == SOP_CLASSES[("CT", False)]
             algorithm = _items(group[0])
-            assert algorithm["Algorithm Name"][0].TextValue.startswith(run.model_name)
+            suffix = " (NOT FOR CLINICAL USE)" if run.not_for_clinical_use else ""
+            assert algorithm["Algorithm Name"][0].TextValue == run.model_name + suffix
             assert algorithm["Algorithm Version"][0].TextValue == run.model_version
             by_code = {m.name.value: m for m in group.get_measurements()}
             assert len(by_code) == len(kept)
@@ -147,13 +149,13 @@ def _check_against_store(store: Store, path: Path, study_uid: str) -> Any:
                 assert on_image.ReferencedSOPInstanceUID == finding.sop_instance_uid
                 column_row = np.asarray(coordinates.GraphicData, dtype=np.float64).reshape(2, 2)
                 k = [n.name for n in finding.measurements].index(row.name)
-                expected = np.asarray(AXES[k], dtype=np.float64)[:, ::-1] + 0.5
-                np.testing.assert_allclose(column_row, expected, atol=1e-4)
+                if axes is not None:  # the (row, column) pairs the axes were made from
+                    expected = np.asarray(axes[k], dtype=np.float64)[:, ::-1] + 0.5
+                    np.testing.assert_allclose(column_row, expected, atol=1e-4)
                 g = Geometry(**{n: tuple(v) for n, v in run.series.geometry.items()})
-                back = g.index_to_lps(
-                    [[finding.slice_index, r - 0.5, c - 0.5] for c, r in column_row]
-                )
-                np.testing.assert_allclose(back, finding.axes_lps_mm["segments"][k], atol=1e-3)
+                index = g.lps_to_index(finding.axes_lps_mm["segments"][k])  # (slice, row, col)
+                assert np.all(np.abs(index[:, 0] - finding.slice_index) <= 0.5)
+                np.testing.assert_allclose(column_row, index[:, [2, 1]] + 0.5, atol=1e-3)
                 props = _items(read[0])
                 low, low_unit = _num(props["-, range of lower measurement uncertainty"][0])
                 high, high_unit = _num(props["+, range of upper measurement uncertainty"][0])
@@ -178,7 +180,7 @@ def test_export_reads_back_the_stored_values(store: Store, volume: Volume, tmp_p
     _dciodvfy(done.path)
     sr = _check_against_store(store, done.path, study_uid)
     assert sr.VerificationFlag == "UNVERIFIED" and "VerifyingObserverSequence" not in sr
-    assert "NOT FOR CLINICAL USE" not in str(sr.SeriesDescription)  # a test model, not the demo
+    assert sr.SeriesDescription == "radcaliper (radcaliper-test 1.0.0, NOT FOR CLINICAL USE)"
 
 
 def test_a_reviewed_study_is_verified_by_its_reviewers(
@@ -251,3 +253,29 @@ def test_export_sr_command(store: Store, volume: Volume, tmp_path: Path) -> None
     assert "Traceback" not in unknown.output and not (tmp_path / "x").exists()
     helped = runner.invoke(app, ["export-sr", "--help"])
     assert helped.exit_code == 0 and "TID 1500" in helped.stdout and "--db" in helped.stdout
+
+
+@pytest.mark.slow
+def test_a_demo_model_measurement_exports(tmp_path: Path) -> None:
+    """The demo model's real result on a phantom DICOM study, measured and stored by the CLI."""
+    from ingestion.phantoms import write_phantoms
+    from model.measurer.checkpoint import default_checkpoint
+
+    if not default_checkpoint().is_dir():
+        pytest.skip(f"the demo checkpoint is missing ({default_checkpoint()})")
+    (study,) = write_phantoms(tmp_path / "ph", n=1, seed=4711)
+    url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
+    upgrade(url)
+    measured = runner.invoke(app, ["measure", str(study / "dicom"), "--json", "--db", url])
+    assert measured.exit_code == 0, measured.output
+    study_uid = json.loads(measured.stdout)["study_instance_uid"]
+    done = runner.invoke(app, ["export-sr", study_uid, str(tmp_path / "sr"), "--db", url])
+    assert done.exit_code == 0, done.output
+    path = tmp_path / "sr" / f"{study_uid}.sr.dcm"
+    _dciodvfy(path)
+    store = open_store(url)
+    try:
+        sr = _check_against_store(store, path, study_uid, axes=None)
+    finally:
+        store.dispose()
+    assert "NOT FOR CLINICAL USE" in sr.SeriesDescription
