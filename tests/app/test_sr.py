@@ -16,14 +16,14 @@ import highdicom as hd
 import numpy as np
 import pytest
 from pydicom import Dataset
-from sqlalchemy import select
+from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from app.cli import app
 from app.sr import SOP_CLASSES, export_study_sr, tracking_uid
 from db.engine import Store, open_store
 from db.migrate import upgrade
-from db.models import Measurement, ReviewAction, ReviewStatus, Run, User
+from db.models import Measurement, ReviewAction, ReviewStatus, Run, Series, User
 from db.review import review_measurement
 from db.store import store_result
 from ingestion.errors import NothingToExportError
@@ -221,6 +221,20 @@ def test_a_reviewed_study_is_verified_by_its_reviewers(
         stored = reviewed[name]
         stored = stored if stored.tzinfo else stored.replace(tzinfo=UTC)  # SQLite: naive UTC
         assert abs((at - stored).total_seconds()) < 1e-3
+
+
+def test_a_series_stored_before_schema_0002_has_no_axis_coordinates(
+    store: Store, volume: Volume, tmp_path: Path
+) -> None:
+    study_uid = _store(store, volume)
+    with store.writer() as session:
+        session.execute(update(Series).values(geometry=None))
+        session.commit()
+        done = export_study_sr(session, study_uid, tmp_path / "sr")
+    _dciodvfy(done.path)
+    _, groups = _read_back(done.path)
+    measurements = [m for g in groups.values() for m in g.get_measurements()]
+    assert len(measurements) == 3 and not any(m.referenced_coordinates for m in measurements)
 
 
 def test_a_study_without_findings_gets_no_sr(volume: Volume, tmp_path: Path) -> None:
