@@ -24,8 +24,11 @@ What goes in, and the choices made (README "DICOM SR"):
 - **What the store lacks**: it keeps no source headers, so the patient and study modules carry
   what is stored (the possibly pseudonymised patient id, the study date) and leave the other
   type 2 attributes empty; the SOP class of the referenced images is derived from the modality
-  (CT / MR, enhanced when the image is a frame of a multi-frame object). Finding sites are not
-  stored and not invented.
+  (CT / MR, enhanced when the image is a frame of a multi-frame object). The evidence
+  (Current Requested Procedure Evidence) lists every slice of the measured series: the model
+  read them all. Finding sites are not stored and not invented.
+- **Identity**: every export is a new SR instance (new series and SOP instance UIDs); the
+  tracking UIDs stay the same, so a PACS can relate the findings across exports.
 - **Axes**: each measurement's axis end points (stored in LPS mm) are an SCOORD POLYLINE in
   (column, row) image coordinates of the measured slice, mapped with the series geometry the
   store keeps since schema 0002 (points within half a slice of the measured slice are projected
@@ -120,10 +123,12 @@ def _latest_run(session: Session, study_instance_uid: str) -> tuple[Study, Run |
 
 
 def _sop_class(series: Series, frame: int | None) -> str:
-    modality = series.modality or "CT"
-    key = (modality, frame is not None)
+    key = (series.modality or "", frame is not None)
     if key not in SOP_CLASSES:
-        raise StorageError(f"cannot export SR: series {series.series_instance_uid} is {modality}")
+        raise StorageError(
+            f"cannot export SR: series {series.series_instance_uid} has modality "
+            f"{series.modality or 'unknown'}; the SR references CT or MR images"
+        )
     return SOP_CLASSES[key]
 
 
@@ -348,7 +353,7 @@ def export_study_sr(
     report = hd.sr.MeasurementReport(
         observation_context=hd.sr.ObservationContext(observer_device_context=observer),
         procedure_reported=codes.LN.CTUnspecifiedBodyRegion
-        if (run.series.modality or "CT") == "CT"
+        if run.series.modality == "CT"
         else codes.LN.MRUnspecifiedBodyRegion,
         imaging_measurements=groups,
     )
