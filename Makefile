@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install postgres browser run test lint typecheck unit bench clean
+.PHONY: install postgres browser dicom3tools run test lint typecheck unit bench clean
 
 install:
 	@./deploy/install.sh
@@ -11,14 +11,18 @@ install:
 run: install
 	$(BIN)/radcaliper serve
 
-## test: lint, type-check and the test suite (what CI runs); the store's tests need PostgreSQL
-test: install postgres browser lint typecheck unit
+## test: lint, type-check and the test suite (what CI runs); the store's tests need PostgreSQL,
+## the DICOM SR tests dciodvfy (dicom3tools)
+test: install postgres browser dicom3tools lint typecheck unit
 
 postgres:
 	@./deploy/ensure_postgres.sh
 
 browser:
 	@./deploy/ensure_chromium.sh
+
+dicom3tools:
+	@./deploy/ensure_dicom3tools.sh
 
 lint:
 	$(BIN)/ruff check .

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from app.cli_model import calibrate, evaluate, measure, serve, train
-from app.cli_store import audit_app, db_app, users_app
+from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, settings_of
 from app.logs import configure_logging
 from app.settings import Settings
@@ -178,6 +178,39 @@ def phantoms(
             out_dir, n=n, seed=seed, nifti=nifti, on_study=lambda _: progress.advance(task)
         )
     out.print(f"Wrote {len(studies)} studies to {out_dir}")
+
+
+@app.command("export-sr")
+def export_sr(
+    ctx: typer.Context,
+    study_uid: Annotated[str, typer.Argument(help="StudyInstanceUID of a stored study.")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write <study uid>.sr.dcm into.")],
+    organization: Annotated[
+        str, typer.Option("--organization", help="Verifying organization of a reviewed study.")
+    ] = "radcaliper",
+    db: DbOption = None,
+) -> None:
+    """Write the study's stored measurements as a DICOM SR (TID 1500 Comprehensive 3D SR).
+
+    One measurement group per finding: tracking identifier and UID, finding type, long axis /
+    short axis / diameter in mm with the calibrated range as measurement uncertainty, the
+    measured slice, the model (name, version, not for clinical use) and each measurement's
+    review status. Corrected values replace the model's; rejected ones are left out. VERIFIED,
+    with the reviewers, once every measurement is reviewed. Exit status: 0 written, 2 the study
+    is not stored or cannot be exported.
+    """
+    from app.sr import export_study_sr
+
+    store = open_database(ctx, db)
+    try:
+        with store.reader() as session:
+            done = checked(
+                lambda: export_study_sr(session, study_uid, out_dir, organization=organization)
+            )
+    finally:
+        store.dispose()
+    state = "VERIFIED" if done.verified else "UNVERIFIED"
+    out.print(f"wrote {done.path} ({done.groups} measurement group(s), {state})", highlight=False)
 
 
 for command in (measure, train, calibrate, evaluate, serve):

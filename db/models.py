@@ -147,6 +147,9 @@ class Series(Base):
     shape: Mapped[dict[str, Any]]  # {"slices", "rows", "columns"}
     spacing_mm: Mapped[dict[str, Any]]  # {"slice", "row", "column"}
     sop_instance_uids: Mapped[dict[str, Any]]  # {"uids": [...], "frames": [...]} per slice
+    # {"origin", "row_direction", "column_direction", "slice_direction", "spacing"} as in
+    # ingestion.Geometry (LPS mm; spacing in (slice, row, column) order); None before 0002
+    geometry: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime]
     study: Mapped[Study] = relationship(back_populates="series")
     runs: Mapped[list[Run]] = relationship(back_populates="series")

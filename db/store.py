@@ -133,6 +133,13 @@ def _series(session: Session, study: Study, volume: Volume) -> Series:
                 "uids": list(volume.identifiers.sop_instance_uids),
                 "frames": list(volume.identifiers.frame_numbers),
             },
+            geometry={
+                "origin": list(geometry.origin),
+                "row_direction": list(geometry.row_direction),
+                "column_direction": list(geometry.column_direction),
+                "slice_direction": list(geometry.slice_direction),
+                "spacing": list(geometry.spacing),
+            },
             created_at=datetime.now(UTC),
         )
         session.add(series)

@@ -22,7 +22,8 @@ It lives in ``ingestion`` because ingestion is the first pipeline stage, which e
     └── StorageError                the database cannot store or return what was asked
         ├── SchemaVersionError      the database's schema is missing or not this version's
         ├── StaleEditError          a review was based on an outdated measurement (refused)
-        └── AccessDeniedError       the user's role does not allow the action
+        ├── AccessDeniedError       the user's role does not allow the action
+        └── NothingToExportError    a stored study has no measurement a DICOM SR could carry
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "ModelError",
     "NoUsableSeriesError",
     "NotDicomError",
+    "NothingToExportError",
     "PixelDataError",
     "PreparationError",
     "RadcaliperError",
@@ -112,3 +114,8 @@ class StaleEditError(StorageError):
 
 class AccessDeniedError(StorageError):
     """The acting user's role does not allow the action (e.g. an auditor editing)."""
+
+
+class NothingToExportError(StorageError):
+    """A stored study has no finding with a measurement left to export (none found, all
+    rejected or not measurable): no DICOM SR is written (TID 1500 needs a measurement group)."""

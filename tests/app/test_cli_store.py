@@ -43,7 +43,7 @@ def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
     before = runner.invoke(app, ["db", "current", "--db", url])
     assert before.exit_code == 0 and "schema none" in before.stdout
     up = runner.invoke(app, ["db", "upgrade", "--db", url])
-    assert up.exit_code == 0 and "is at schema 0001" in up.stdout
+    assert up.exit_code == 0 and "is at schema 0002" in up.stdout
     down = runner.invoke(app, ["db", "downgrade", "base", "--db", url])
     assert down.exit_code == 0 and "base (no tables)" in down.stdout
 
