@@ -253,8 +253,6 @@ def test_a_study_without_findings_gets_no_sr(volume: Volume, tmp_path: Path) -> 
 
 
 def test_export_sr_command(store: Store, volume: Volume, tmp_path: Path) -> None:
-    if store.backend != "sqlite":
-        pytest.skip("the command's database handling is the same on both; tested on SQLite")
     study_uid = _store(store, volume)
     url = str(store.url)
     done = runner.invoke(app, ["export-sr", study_uid, str(tmp_path / "out"), "--db", url])
@@ -275,8 +273,7 @@ def test_a_demo_model_measurement_exports(tmp_path: Path) -> None:
     from ingestion.phantoms import write_phantoms
     from model.measurer.checkpoint import default_checkpoint
 
-    if not default_checkpoint().is_dir():
-        pytest.skip(f"the demo checkpoint is missing ({default_checkpoint()})")
+    assert default_checkpoint().is_dir(), f"the demo checkpoint is missing ({default_checkpoint()})"
     (study,) = write_phantoms(tmp_path / "ph", n=1, seed=4711)
     url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
     upgrade(url)
