@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from app.cli_store import DbOption, open_database
@@ -113,6 +114,7 @@ def _progress() -> Any:
 
 
 def _load_measurer(model_dir: Path | None) -> Any:
+    from ingestion.errors import ModelError
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.pipeline import CheckpointMeasurer
 
@@ -123,7 +125,11 @@ def _load_measurer(model_dir: Path | None) -> Any:
             "radcaliper or pass --model DIR"
         )
         raise typer.Exit(EXIT_NOTHING)
-    return CheckpointMeasurer.load(directory)
+    try:
+        return CheckpointMeasurer.load(directory)
+    except ModelError as error:
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
 
 
 def measure(

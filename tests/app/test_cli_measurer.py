@@ -126,4 +126,4 @@ def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
     for rule in calibration.values():
         assert rule["coverage"] == 0.9 and rule["n"] >= 9 and rule["mae_mm"] >= 0
         assert rule["kind"] in ("absolute", "adaptive")
-    assert "empirical coverage" in result.stdout
+    assert "empirical" in result.stdout and "coverage" in result.stdout  # the table's column
