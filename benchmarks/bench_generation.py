@@ -4,6 +4,7 @@ Usage (from the repository root, in the project's virtualenv)::
 
     python benchmarks/bench_generation.py [--threads 1] [--steps 64] [--repeats 15]
                                           [--batch 1] [--hidden 64] [--layers 2]
+                                          [--model DIR]
 
 Model: the tiny random Qwen2.5-VL of ``tests/model/test_numeric_lm.py`` (hidden 64, 2 layers,
 4 heads / 2 kv heads, vocabulary 300, float32, sdpa, eval); ``--hidden`` / ``--layers`` scale the
@@ -42,6 +43,12 @@ the machine hits the step and the decodes alike instead of only whichever ran du
   the value, scatter, bookkeeping). The decode column is timed back to back, with warm caches;
   inside the loop each [NUM] runs between model calls that evict its code and tables, so its
   share of this column is larger than the decode column.
+
+``--model DIR``: a trained measurer checkpoint instead (e.g. the bundled demo,
+``model/weights/radcaliper-demo``): its own Circle-RoPE Qwen2.5-VL times the generation step
+(the same 16-token text prompt from its own vocabulary) and its own head decodes ``real``
+hidden states: the final-norm states at which it said [NUM] while measuring held-out phantoms
+(captured from ``head.decode``'s input), 16 of them.
 
 Target (printed as MET / MISSED): decode <= 2 % of a tiny-model generation step, per head and
 hidden-state kind.
@@ -126,6 +133,39 @@ def certified(head: NumericHead, states: torch.Tensor) -> str:
     return f"{int(head.codec._corr_search(alpha, beta)[1].sum())}/{states.shape[0]}"
 
 
+def checkpoint_states(directory: str) -> tuple[torch.nn.Module, NumericHead, int, torch.Tensor]:
+    """A checkpoint's model, its head, its [NUM] id, and STATES real hidden states at which it
+    said [NUM] while measuring held-out phantoms (run seed 4242)."""
+    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.pool import PhantomSource
+
+    measurer = CheckpointMeasurer.load(directory, device="cpu")
+    head = measurer.lm.numeric_head
+    if head is None:
+        raise SystemExit(f"{directory} has no numeric head (standard tokens): nothing to time")
+    captured: list[torch.Tensor] = []
+    original = head.decode
+
+    def recording(hidden: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        captured.extend(
+            row.detach().float().clone() for row in hidden.reshape(-1, hidden.shape[-1])
+        )
+        return original(hidden, *args, **kwargs)
+
+    head.decode = recording  # type: ignore[method-assign]
+    source = PhantomSource(4242)
+    study = 0
+    while len(captured) < STATES and study < 20:
+        phantom = source.study(study)
+        measurer.measure(phantom.volume, source=phantom.name)
+        study += 1
+    head.decode = original  # type: ignore[method-assign]
+    if len(captured) < STATES:
+        raise SystemExit(f"only {len(captured)} [NUM] states in {study} studies")
+    step = max(1, len(captured) // STATES)
+    return measurer.lm.model, head, measurer.ids["num"], torch.stack(captured[::step][:STATES])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=64, help="generated tokens per timing")
@@ -134,18 +174,25 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=64, help="text hidden size")
     parser.add_argument("--layers", type=int, default=2, help="text decoder layers")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--model", default=None, help="a trained checkpoint (real states)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = tiny_model(args.hidden, args.layers)
+    num_id = NUM
+    if args.model:
+        model, own_head, num_id, real = checkpoint_states(args.model)
+        args.hidden = int(real.shape[-1])
+        args.layers = int(model.config.text_config.num_hidden_layers)
+    else:
+        model = tiny_model(args.hidden, args.layers)
     lm = NumericLM(model, None, None)
     prompt = torch.tensor([[BOS, *range(10, 25)]] * args.batch)  # (B, 16)
     mask = torch.ones_like(prompt)
 
     def generate(n: int, numeric: NumericLM = lm, force: bool = False) -> Callable[[], object]:
         def process(_: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            scores[:, NUM] = 1e9 if force else float("-inf")
+            scores[:, num_id] = 1e9 if force else float("-inf")
             return scores
 
         return lambda: numeric.generate(
@@ -164,6 +211,9 @@ def main() -> int:
         for name, head in heads.items()
         for kind, rows in (("untrained", untrained), ("trained", trained_states(head, lo, hi)))
     }
+    if args.model:  # the checkpoint's own head on its own states
+        heads = {"checkpoint": own_head}
+        states = {("checkpoint", "real"): real}
 
     # every timed quantity once per round, rounds interleaved; the fastest round of each counts
     timings: dict[str, Callable[[], float]] = {
@@ -180,7 +230,7 @@ def main() -> int:
         inner = 2 if name == "rned_corr" and kind == "untrained" else 20
         timings[f"{name}/{kind}"] = lambda f=decode_all, i=inner: timed(f, i) / STATES
     for name, head in heads.items():
-        numeric = NumericLM(model, head, NUM)
+        numeric = NumericLM(model, head, num_id)
         timings[f"{name}/text"] = lambda n=numeric: timed(generate(1 + args.steps, n))
         timings[f"{name}/num"] = lambda n=numeric: timed(generate(1 + args.steps, n, force=True))
 
@@ -205,7 +255,7 @@ def main() -> int:
         f"fastest of {args.repeats} interleaved rounds"
     )
     print(f"{'head':<10} {'hidden':<10} {'decode us':>10} {'of step':>8} {'certified':>10}  target")
-    met = {"untrained": True, "trained": True}
+    met = {kind: True for _, kind in states}
     for (name, kind), rows in states.items():
         decode = best[f"{name}/{kind}"]
         ok = decode / step <= TARGET
@@ -215,7 +265,7 @@ def main() -> int:
             f"{certified(heads[name], rows):>10}  {'MET' if ok else 'MISSED'} "
             f"(<= {TARGET:.0%})"
         )
-    print("[NUM] path per step (decode of the untrained state + embed + scatter + bookkeeping):")
+    print("[NUM] path per step (decode of the model's own state + embed + scatter + bookkeeping):")
     for name in heads:
         path = (best[f"{name}/num"] - best[f"{name}/text"]) / args.steps
         print(f"  {name:<10} {path * 1e6:>8.1f} us {path / step:>8.2%} of a step")
