@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -22,13 +21,12 @@ from sqlalchemy.engine import make_url
 from db.engine import Store, open_store
 from db.migrate import upgrade
 from db.models import Role, User
-from db.store import store_result
 from db.users import add_user
 from ingestion.phantoms import generate_phantom
 from ingestion.volume import Volume
 from model.measurer.data import phantom_volume
 
-from db_helpers import identity, make_result
+from db_helpers import make_result, store_one
 
 POSTGRES = os.environ.get(
     "RADCALIPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -106,17 +104,7 @@ def volume() -> Volume:
 @pytest.fixture
 def stored(store: Store, volume: Volume) -> int:
     """The run id of one stored result."""
-    with store.writer() as session:
-        outcome = store_result(
-            session,
-            make_result(volume),
-            volume,
-            identity(volume),
-            actor="cli:test",
-            started_at=datetime.now(UTC),
-        )
-        session.commit()
-    return outcome.run_id
+    return store_one(store, make_result(volume), volume).run_id
 
 
 @pytest.fixture

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from sqlalchemy import select
 
 from db.engine import Store
 from db.models import Measurement as Row
-from db.store import RunIdentity, input_fingerprint
+from db.store import RunIdentity, StoreOutcome, input_fingerprint, store_result
 from ingestion.volume import Volume
 from model.measurer.results import (
     FindingKind,
@@ -53,6 +55,31 @@ def make_result(
 
 def identity(volume: Volume, checkpoint: str = "c" * 64) -> RunIdentity:
     return RunIdentity(checkpoint, input_fingerprint(volume), {"threads": 1})
+
+
+def store_one(
+    store: Store,
+    result: StudyResult,
+    volume: Volume,
+    *,
+    checkpoint: str = "c" * 64,
+    actor: str = "cli:test",
+    started_at: datetime | None = None,
+    pseudonym_key: str | None = None,
+) -> StoreOutcome:
+    """Store ``result`` in its own committed transaction, as ``radcaliper measure`` does."""
+    with store.writer() as session:
+        outcome = store_result(
+            session,
+            result,
+            volume,
+            identity(volume, checkpoint),
+            actor=actor,
+            started_at=started_at or datetime.now(UTC),
+            pseudonym_key=pseudonym_key,
+        )
+        session.commit()
+    return outcome
 
 
 def first_measurement_id(store: Store) -> int:

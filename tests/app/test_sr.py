@@ -25,12 +25,11 @@ from db.engine import Store, open_store
 from db.migrate import upgrade
 from db.models import Measurement, ReviewAction, ReviewStatus, Run, Series, User
 from db.review import review_measurement
-from db.store import store_result
 from ingestion.errors import NothingToExportError
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
 
-from db_helpers import identity, make_result
+from db_helpers import make_result, store_one
 
 runner = CliRunner()
 AXES = (((10.0, 12.0), (20.25, 30.5)), ((14.0, 25.0), (18.0, 17.0)))  # (row, column) pairs
@@ -67,16 +66,7 @@ def _store(store: Store, volume: Volume, findings: bool = True) -> str:
         for f in result.findings
     ]
     result = dataclasses.replace(result, findings=tuple(on_slice) if findings else ())
-    with store.writer() as session:
-        store_result(
-            session,
-            result,
-            volume,
-            identity(volume),
-            actor="cli:test",
-            started_at=datetime.now(UTC),
-        )
-        session.commit()
+    store_one(store, result, volume)
     return result.study_instance_uid
 
 

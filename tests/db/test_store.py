@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
 from db.engine import Store
 from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Series, Study
-from db.store import input_fingerprint, pseudonym, store_result
+from db.store import input_fingerprint, pseudonym
 from ingestion.volume import Volume
 
-from db_helpers import identity, make_result
+from db_helpers import make_result, store_one
 
 
 def _count(store: Store, table: type) -> int:
@@ -21,17 +20,7 @@ def _count(store: Store, table: type) -> int:
 
 
 def _store(store: Store, volume: Volume, **kwargs: object) -> tuple[int, bool]:
-    result = make_result(volume, **kwargs)  # type: ignore[arg-type]
-    with store.writer() as session:
-        outcome = store_result(
-            session,
-            result,
-            volume,
-            identity(volume),
-            actor="cli:test",
-            started_at=datetime.now(UTC),
-        )
-        session.commit()
+    outcome = store_one(store, make_result(volume, **kwargs), volume)  # type: ignore[arg-type]
     return outcome.run_id, outcome.created
 
 
@@ -86,17 +75,7 @@ def test_a_new_model_version_adds_a_run_and_keeps_the_old(store: Store, volume: 
 
 def test_patient_ids_can_be_pseudonymised(store: Store, volume: Volume) -> None:
     key = "site-secret"
-    with store.writer() as session:
-        store_result(
-            session,
-            make_result(volume),
-            volume,
-            identity(volume),
-            actor="cli:test",
-            started_at=datetime.now(UTC),
-            pseudonym_key=key,
-        )
-        session.commit()
+    store_one(store, make_result(volume), volume, pseudonym_key=key)
     with store.reader() as session:
         stored = session.execute(select(Study.patient_id)).scalar_one()
     patient = volume.identifiers.patient_id or ""

@@ -11,12 +11,11 @@ from db.engine import Store
 from db.models import Measurement, ReviewStatus, Role, User
 from db.queries import LogFilter, MeasurementFilter, audit_log_rows, measurement_rows
 from db.review import review_measurement
-from db.store import store_result
 from db.users import add_user, get_user, hash_password, verify_password
 from ingestion.errors import StorageError
 from ingestion.volume import Volume
 
-from db_helpers import first_measurement_id, identity, make_result
+from db_helpers import first_measurement_id, make_result, store_one
 
 CONTRACT = {
     "study_instance_uid",
@@ -64,16 +63,14 @@ def test_users_are_added_once_with_a_valid_role(store: Store) -> None:
 
 
 def _second_study(store: Store, volume: Volume, *, version: str) -> None:
-    with store.writer() as session:
-        store_result(
-            session,
-            make_result(volume, version=version, values=(40.0, 22.0, 30.0)),
-            volume,
-            identity(volume, checkpoint="d" * 64),
-            actor="cli:batch",
-            started_at=datetime.now(UTC) - timedelta(days=10),
-        )
-        session.commit()
+    store_one(
+        store,
+        make_result(volume, version=version, values=(40.0, 22.0, 30.0)),
+        volume,
+        checkpoint="d" * 64,
+        actor="cli:batch",
+        started_at=datetime.now(UTC) - timedelta(days=10),
+    )
 
 
 def test_measurement_rows_follow_the_contract_and_filter(
