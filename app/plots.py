@@ -52,6 +52,12 @@ def predicted_vs_true(items_by_mode: Mapping[str, Sequence[Any]], path: Path, ti
         if points:
             axis.legend(fontsize=7)
     figure.suptitle(title)
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    """Lay out, write (creating the folder) and close ``figure``."""
+    plt = _pyplot()
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -86,11 +92,7 @@ def bland_altman(items: Sequence[Any], path: Path, title: str) -> Path:
         axis.set_title(title)
     axis.set_xlabel("mean of predicted and true (mm)")
     axis.set_ylabel("predicted - true (mm)")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def coverage_vs_nominal(
@@ -113,11 +115,7 @@ def coverage_vs_nominal(
     axis.set_ylim(0.0, 1.0)
     axis.legend(fontsize=7)
     axis.set_title(title)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def agreement_figure(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, str]:
