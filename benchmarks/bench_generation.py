@@ -69,12 +69,14 @@ import math
 import platform
 import time
 from collections.abc import Callable
+from unittest.mock import patch
 
 import torch
 import transformers
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from model.backbone import tiny_qwen2_5_vl_kwargs
+from model.numeric import _small_grid
 from model.numeric.codec import RotaryNumberCodec
 from model.numeric.hf import NumericLM
 from model.numeric.protocol import NumericHead
@@ -126,11 +128,22 @@ def trained_states(head: NumericHead, lo: float, hi: float) -> torch.Tensor:
 
 
 def certified(head: NumericHead, states: torch.Tensor) -> str:
-    """How many rows the correlation decoder's coarse-to-fine certified ("-" for others)."""
+    """How many rows the correlation decoder certified at once ("-" for other heads): on a small
+    grid the dense cells of ``model.numeric._small_grid`` (one round of fine scores), else the
+    wide-cell coarse-to-fine."""
     if not isinstance(head, RnedHead) or head.method != "corr":
         return "-"
-    alpha, beta = head.codec._alpha_beta(states.double())
-    return f"{int(head.codec._corr_search(alpha, beta)[1].sum())}/{states.shape[0]}"
+    codec = head.codec
+    if codec._host is not None and codec._host.dense is not None:
+        at_once = 0
+        with patch.object(_small_grid, "_scores", wraps=_small_grid._scores) as spy:
+            for row in states:
+                before = spy.call_count
+                codec.decode(row[None], "corr")
+                at_once += spy.call_count - before == 1
+        return f"{at_once}/{states.shape[0]}"
+    alpha, beta = codec._alpha_beta(states.double())
+    return f"{int(codec._corr_search(alpha, beta)[1].sum())}/{states.shape[0]}"
 
 
 def checkpoint_states(directory: str) -> tuple[torch.nn.Module, NumericHead, int, torch.Tensor]:

@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from model.numeric import _small_grid
 from model.numeric.codec import (
     DECODE_WORKSPACE_BYTES,
     SMALL_BATCH,
@@ -492,6 +493,66 @@ def test_small_batch_path_equals_the_torch_path_and_brute_force(dim: int) -> Non
         assert torch.equal(batched, expected[method]), method
 
 
+# grids small enough for the dense-cell path (model/numeric/_small_grid.py): the demo measurer's
+# 0-300 mm, a grid whose last cell overlaps the one before, tiny grids refined whole
+SMALL_GRIDS = [
+    (8, 0.0, 300.0, 0.1),
+    (64, 0.0, 300.0, 0.1),
+    (128, 0.0, 300.0, 0.1),
+    (512, 0.0, 300.0, 0.1),
+    (64, -5.0, 37.3, 0.1),
+    (32, 10.0, 20.0, 0.5),
+    (16, 0.0, 1.0, 0.5),
+]
+
+
+@pytest.mark.parametrize(("dim", "lo", "hi", "step"), SMALL_GRIDS)
+def test_small_grid_path_is_the_full_grid_argmax(
+    dim: int, lo: float, hi: float, step: float
+) -> None:
+    codec = RotaryNumberCodec(dim, lo=lo, hi=hi, step=step, seed=dim)
+    assert codec._host is not None and codec._host.dense is not None
+    hidden = hard_inputs(codec, dim)  # (R, D)
+    rounds: list[int] = []
+    original = _small_grid._scores
+
+    def counting(*args: object) -> object:
+        rounds[-1] += 1
+        return original(*args)  # type: ignore[arg-type]
+
+    with patch.object(_small_grid, "_scores", side_effect=counting):
+        fast = []
+        for row in hidden:
+            rounds.append(0)
+            fast.append(host_path(codec, row[None], "corr"))
+    expected = codec.candidates[brute_force_corr(codec, hidden)]
+    assert torch.equal(torch.cat(fast), expected)
+    assert torch.equal(torch_path(codec, hidden, "corr"), expected)
+    cells = codec._host.dense.starts.shape[0]
+    if cells > 20:  # both branches ran: certified at once, and refined further
+        assert min(rounds) == 1 and max(rounds) > 1, rounds
+
+
+def test_small_grid_path_certifies_noisy_states_at_once() -> None:
+    """The tight bound of small cells: at 10 dB every row of the demo-sized codec (d = 128,
+    0-300 mm) is certified by the first Q cells (the wide-cell path certified half of the demo
+    checkpoint's real states)."""
+    codec = RotaryNumberCodec(128, hi=300.0, seed=4)
+    generator = torch.Generator().manual_seed(4)
+    values = codec.candidates[torch.randint(0, codec.num_candidates, (32,), generator=generator)]
+    hidden = with_snr(codec.encode(values), 10.0, generator)
+    with patch.object(_small_grid, "_scores", wraps=_small_grid._scores) as spy:
+        decoded = host_path(codec, hidden, "corr")
+    assert spy.call_count == 32
+    assert torch.equal(decoded, codec.candidates[brute_force_corr(codec, hidden)])
+
+
+def test_small_grid_path_is_only_for_small_grids() -> None:
+    assert RotaryNumberCodec(128, hi=300.0)._host.dense is not None  # type: ignore[union-attr]
+    assert RotaryNumberCodec(128)._host.dense is None  # type: ignore[union-attr]
+    assert RotaryNumberCodec(2048, hi=300.0)._host.dense is None  # type: ignore[union-attr]
+
+
 def test_small_batch_path_runs_for_small_cpu_batches_only() -> None:
     codec = RotaryNumberCodec(64)
     values = codec.candidates[[5, 500, 5000, 25000]]
@@ -536,11 +597,14 @@ def test_small_batch_path_accepts_every_float_dtype_and_layout(dtype: torch.dtyp
             assert torch.equal(codec.decode(h, method), expected), (method, h.stride())
 
 
-def test_small_batch_path_hands_edge_cases_to_the_torch_path() -> None:
+@pytest.mark.parametrize("hi", [3000.0, 3000.0 / 8])
+def test_small_batch_path_hands_edge_cases_to_the_torch_path(hi: float) -> None:
     """Zero, tiny and huge rows (normalised by the torch path) decode as the torch path does,
-    with no floating-point warnings (pytest turns them into errors); non-finite rows raise."""
-    codec = RotaryNumberCodec(64, seed=3)
-    clean = codec.encode([123.4, 2222.2]).double()
+    with no floating-point warnings (pytest turns them into errors); non-finite rows raise.
+    On the default grid and on a small one (the dense-cell path)."""
+    codec = RotaryNumberCodec(64, seed=3, hi=hi)
+    assert (codec._host is not None and codec._host.dense is not None) == (hi < 3000)
+    clean = codec.encode([123.4, 322.2]).double()
     for hidden in (
         torch.zeros(1, 64, dtype=torch.float64),
         clean * 1e-200,
@@ -550,8 +614,8 @@ def test_small_batch_path_hands_edge_cases_to_the_torch_path() -> None:
     ):
         for method in METHODS:
             assert torch.equal(codec.decode(hidden, method), torch_path(codec, hidden, method))
-    assert codec.decode(clean * 1e-200, "corr").tolist() == [123.4, 2222.2]
-    assert codec.decode(clean * 1e200, "corr").tolist() == [123.4, 2222.2]
+    assert codec.decode(clean * 1e-200, "corr").tolist() == [123.4, 322.2]
+    assert codec.decode(clean * 1e200, "corr").tolist() == [123.4, 322.2]
     for bad in (float("nan"), float("inf")):
         hidden = clean.clone()
         hidden[1, 3] = bad
