@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import func, select, text, update
 
-from db.audit import GENESIS, verify
+from db.audit import GENESIS, event_hash, verify
 from db.engine import Store
-from db.models import Measurement, Review, ReviewAction, User
+from db.models import AuditEvent, Measurement, Review, ReviewAction, User
 from db.review import review_measurement
 
 from db_helpers import first_measurement_id
@@ -121,3 +121,61 @@ def test_a_rewritten_log_is_caught_by_the_head_kept_elsewhere(store: Store, stor
     report = _verify(store, kept)
     assert _verify(store).ok  # consistent inside the database: only the kept head tells
     assert not report.ok and "is not the expected" in (report.problem or "")
+
+
+def _forged(previous: AuditEvent, event_id: int) -> AuditEvent:
+    """An event a knowledgeable attacker writes: it follows ``previous`` and its hash is right."""
+    at = previous.at
+    details = {"state": {"note": "forged"}}
+    return AuditEvent(
+        id=event_id,
+        at=at,
+        actor="mallory",
+        action="measurement.correct",
+        object_type="note",
+        object_id=None,
+        details=details,
+        prev_hash=previous.hash,
+        hash=event_hash(
+            previous.hash, event_id, at, "mallory", "measurement.correct", "note", None, details
+        ),
+    )
+
+
+def test_an_event_appended_behind_the_head_is_named(store: Store, stored: int) -> None:
+    """A well-formed event added after the last one (INSERT is not blocked by the triggers):
+    the head, which appending through the API moves, still names the old end."""
+    with store.writer() as session:
+        last = session.execute(select(AuditEvent).order_by(AuditEvent.id.desc())).scalars().first()
+        assert last is not None
+        session.add(_forged(last, last.id + 1))
+        session.commit()
+    report = _verify(store)
+    assert not report.ok
+    assert f"the log ends at event {last.id + 1} but the head says event {last.id}" in (
+        report.problem or ""
+    )
+
+
+def test_an_event_inserted_in_the_middle_is_named(store: Store, stored: int) -> None:
+    """Renumbering the later events to make room for a forged event 3 breaks their hashes
+    (an event's id is part of what it hashes)."""
+    with store.reader() as session:
+        second = session.get(AuditEvent, 2)
+        assert second is not None
+        forged = _forged(second, 3)
+        last_id = session.execute(select(func.max(AuditEvent.id))).scalar_one()
+    # make room from the end backwards (ids are unique), as an attacker with raw SQL would
+    _as_attacker(
+        store,
+        *(f"UPDATE audit_events SET id = {i + 1} WHERE id = {i}" for i in range(last_id, 2, -1)),
+    )
+    with store.writer() as session:
+        session.add(forged)
+        session.commit()
+    report = _verify(store)
+    assert not report.ok
+    assert "audit event 4" in (report.problem or "")
+    assert "an event was inserted" in (report.problem or "") or "was edited" in (
+        report.problem or ""
+    )
