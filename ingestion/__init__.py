@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
+    from ingestion.catalog import FileRecord, FileStatus, ImageAttributes, catalog_file
     from ingestion.errors import (
         AccessDeniedError,
         ConfigurationError,
@@ -53,10 +54,20 @@ if TYPE_CHECKING:
         volume_to_dict,
     )
     from ingestion.scan import Rejected, ScanResult, scan_path
+    from ingestion.selection import (
+        Note,
+        NoteKind,
+        SelectionRules,
+        SeriesCandidate,
+        StudyPlan,
+        plan_study,
+    )
     from ingestion.stack import SeriesRef
     from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
+    from ingestion.work_index import ScanCounts, WorkIndex
 
 _SOURCES = {
+    "ingestion.catalog": ("FileRecord", "FileStatus", "ImageAttributes", "catalog_file"),
     "ingestion.errors": (
         "AccessDeniedError",
         "ConfigurationError",
@@ -95,14 +106,26 @@ _SOURCES = {
         "volume_to_dict",
     ),
     "ingestion.scan": ("Rejected", "ScanResult", "scan_path"),
+    "ingestion.selection": (
+        "Note",
+        "NoteKind",
+        "SelectionRules",
+        "SeriesCandidate",
+        "StudyPlan",
+        "plan_study",
+    ),
     "ingestion.stack": ("SeriesRef",),
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
+    "ingestion.work_index": ("ScanCounts", "WorkIndex"),
 }
 __all__ = [
     "AccessDeniedError",
     "ConfigurationError",
+    "FileRecord",
+    "FileStatus",
     "Geometry",
     "Identifiers",
+    "ImageAttributes",
     "InconsistentGeometryError",
     "IngestionError",
     "LoadResult",
@@ -111,6 +134,8 @@ __all__ = [
     "ModelError",
     "NoUsableSeriesError",
     "NotDicomError",
+    "Note",
+    "NoteKind",
     "NothingToExportError",
     "Phantom",
     "PhantomSpec",
@@ -120,23 +145,30 @@ __all__ = [
     "PreparedVolume",
     "RadcaliperError",
     "Rejected",
+    "ScanCounts",
     "ScanResult",
     "SchemaVersionError",
     "SelectSlicesd",
+    "SelectionRules",
+    "SeriesCandidate",
     "SeriesRef",
     "SourceFormat",
     "StaleEditError",
     "StorageError",
+    "StudyPlan",
     "TruthFinding",
     "UnsupportedObjectError",
     "Volume",
+    "WorkIndex",
     "build_preparation",
+    "catalog_file",
     "generate_phantom",
     "iter_volumes",
     "load_nifti",
     "load_path",
     "load_series",
     "nifti_affine_to_lps",
+    "plan_study",
     "prepare_volume",
     "scan_path",
     "select_slices",

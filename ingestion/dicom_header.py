@@ -32,7 +32,15 @@ from ingestion.errors import (
 from ingestion.geometry import Vector3
 from ingestion.volume import Modality
 
-__all__ = ["DicomObject", "PixelLocation", "SeriesInfo", "SliceRef", "read_dicom_object"]
+__all__ = [
+    "DicomObject",
+    "PixelLocation",
+    "SeriesInfo",
+    "SliceRef",
+    "dicom_object_from_dataset",
+    "read_dicom_header",
+    "read_dicom_object",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ _NON_IMAGE_WORDS = {
     "Registration": "a registration",
 }
 _ORTHOGONALITY_TOLERANCE = 1e-3
+_SECONDARY_CAPTURE_PREFIX = "1.2.840.10008.5.1.4.1.1.7"  # SC Image Storage and its multi-frame kin
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,13 @@ class DicomObject:
     slices: tuple[SliceRef, ...]
 
 
-def _read(path: Path) -> Dataset:
+def read_dicom_header(path: Path) -> Dataset:
+    """Read a file's DICOM header; pixel data (and other large values) stay deferred on disk.
+
+    Raises:
+        NotDicomError: empty, truncated, gzip-compressed or not DICOM at all.
+        OSError: the file cannot be read.
+    """
     size = path.stat().st_size
     if size == 0:
         raise NotDicomError(f"{path}: empty file (0 bytes); re-export it from the source")
@@ -174,11 +189,31 @@ def _non_image_reason(sop_class: UID, ds: Dataset) -> str | None:
     for word, what in _NON_IMAGE_WORDS.items():
         if word in name:
             return f"{what} ({name}), not an image"
+    if str(sop_class).startswith(_SECONDARY_CAPTURE_PREFIX):
+        return f"a secondary capture ({name}): a picture of an image, not an acquisition to measure"
+    if not str(sop_class):  # no SOP class at all: corrupt or cut short (see _damaged)
+        return None
     if "Rows" not in ds:
         return f"no image in this object ({name}: no Rows/Columns)"
     if _PIXEL_DATA not in ds:
         return f"header only: {name} object without PixelData"
     return None
+
+
+def _damaged(path: Path, sop_class: UID, ds: Dataset) -> None:
+    """An image storage object (or one without any SOP class) lacking Rows/Columns or PixelData:
+    the file was cut short or is damaged; an image's series is then incomplete."""
+    missing = "Rows/Columns" if "Rows" not in ds else "PixelData" if _PIXEL_DATA not in ds else ""
+    if missing and not str(sop_class):
+        raise NotDicomError(
+            f"{path}: truncated or corrupt DICOM header (no SOPClassUID, no {missing})"
+        )
+    if missing:
+        raise PixelDataError(
+            f"{path}: {sop_class.name} object without {missing}: truncated or damaged file; "
+            "re-export it from the source",
+            series_instance_uid=_text(ds, "SeriesInstanceUID"),
+        )
 
 
 def _info(path: Path, ds: Dataset, modality: Modality) -> SeriesInfo:
@@ -382,20 +417,32 @@ def read_dicom_object(path: Path) -> DicomObject:
 
     Raises:
         NotDicomError: empty, truncated or not DICOM.
-        UnsupportedObjectError: DICOMDIR, non-image objects, modalities other than CT/MR,
-            localizers, mosaics, colour images.
+        UnsupportedObjectError: DICOMDIR, non-image objects, secondary captures, modalities
+            other than CT/MR, localizers, mosaics, colour images.
         MissingGeometryError / InconsistentGeometryError: geometry absent or contradictory.
         PixelDataError: no pixel data, or fewer bytes than the image needs.
     """
-    ds = _read(path)
+    return dicom_object_from_dataset(path, read_dicom_header(path))
+
+
+def dicom_object_from_dataset(path: Path, ds: Dataset) -> DicomObject:
+    """The :class:`DicomObject` of a header read by :func:`read_dicom_header` from ``path``
+    (raises as :func:`read_dicom_object` does)."""
     meta = getattr(ds, "file_meta", None)
     sop_class = UID(
         str(ds.get("SOPClassUID", ""))
         or (str(meta.get("MediaStorageSOPClassUID", "")) if meta is not None else "")
     )
-    reason = _non_image_reason(sop_class, ds)
+    meta_class = UID(str(meta.get("MediaStorageSOPClassUID", "")) if meta is not None else "")
+    # an image class in either place: a file cut inside its SOPClassUID is still an image
+    image_class = any(
+        "Image Storage" in c.name and not c.startswith(_SECONDARY_CAPTURE_PREFIX)
+        for c in (sop_class, meta_class)
+    )
+    reason = None if image_class else _non_image_reason(sop_class, ds)
     if reason is not None:
         raise UnsupportedObjectError(f"{path}: {reason}")
+    _damaged(path, meta_class if image_class and meta_class else sop_class, ds)
     modality_text = _text(ds, "Modality") or "unknown"
     if modality_text not in Modality.__members__:
         name = sop_class.name if sop_class.is_valid else "unknown SOP class"

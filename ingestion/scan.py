@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,16 +49,17 @@ def is_nifti_path(path: Path) -> bool:
     return name.endswith(".nii") or name.endswith(".nii.gz")
 
 
-def iter_files(root: Path) -> Iterator[Path]:
+def iter_files(root: Path, on_error: Callable[[OSError], None] | None = None) -> Iterator[Path]:
     """Yield every regular file under ``root`` (or ``root`` itself), in a stable order.
 
-    Streams: memory does not grow with the size of the tree. Hidden files and folders
-    (starting with '.') are skipped.
+    Streams: memory does not grow with the size of the tree (one folder listing at a time).
+    Hidden files and folders (starting with '.') are skipped. A folder that cannot be listed
+    is passed to ``on_error`` (its ``filename`` names it) and skipped.
     """
     if root.is_file():
         yield root
         return
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=on_error):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if not name.startswith("."):
