@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,12 +16,14 @@ from rich.table import Table
 
 from app.cli_store import DbOption, open_database
 from app.console import EXIT_NOTHING, EXIT_OK, cli_actor, command_line, err, out, settings_of
+from app.progress import progress_display
 
 __all__ = [
     "RESULTS_BEGIN",
     "RESULTS_END",
     "calibrate",
     "evaluate",
+    "load_measurer",
     "measure",
     "serve",
     "train",
@@ -32,88 +33,7 @@ logger = logging.getLogger(__name__)
 _settings = settings_of
 
 
-class _LineProgress:
-    """Progress for logs (stderr not a terminal: batch jobs, CI): one line per 5 % or per
-    minute with the step, the elapsed time and an ETA, instead of a live bar nobody sees."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[int, dict[str, Any]] = {}
-
-    def __enter__(self) -> _LineProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for task in self._tasks.values():
-            self._line(task, force=True)
-
-    def add_task(self, description: str, total: int, status: str = "") -> int:
-        now = time.monotonic()
-        key = len(self._tasks)
-        self._tasks[key] = {
-            "description": description,
-            "total": max(1, int(total)),
-            "completed": 0,
-            "status": status,
-            "start": now,
-            "last_time": now,
-            "last_done": 0,
-        }
-        return key
-
-    def update(self, key: int, *, completed: int | None = None, status: str | None = None) -> None:
-        task = self._tasks[key]
-        if completed is not None:
-            task["completed"] = completed
-        if status is not None:
-            task["status"] = status
-        self._line(task)
-
-    def advance(self, key: int, amount: int = 1) -> None:
-        self.update(key, completed=self._tasks[key]["completed"] + amount)
-
-    def _line(self, task: dict[str, Any], force: bool = False) -> None:
-        now = time.monotonic()
-        done, total, last = task["completed"], task["total"], task["last_done"]
-        if done == last:
-            return
-        every = max(1, total // 20)
-        if not (force or done // every > last // every or now - task["last_time"] >= 60):
-            return
-        elapsed = now - task["start"]
-        eta = elapsed / done * (total - done) if done > 0 else float("nan")
-        err.print(
-            f"{task['description']}: {done}/{total} ({100 * done / total:.0f} %), "
-            f"elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min {task['status']}".rstrip()
-        )
-        task["last_time"], task["last_done"] = now, done
-
-
-def _progress() -> Any:
-    """A live progress bar on a terminal; plain progress lines otherwise."""
-    if not err.is_terminal:
-        return _LineProgress()
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=err,
-        transient=False,
-    )
-
-
-def _load_measurer(model_dir: Path | None) -> Any:
+def load_measurer(model_dir: Path | None) -> Any:
     from ingestion.errors import ModelError
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.pipeline import CheckpointMeasurer
@@ -170,7 +90,7 @@ def measure(
             err.print(f"  - {rejected.reason}", markup=False, highlight=False)
         raise typer.Exit(EXIT_NOTHING)
     store = None if no_store else open_database(ctx, db)
-    measurer = _load_measurer(model_dir)
+    measurer = load_measurer(model_dir)
     results = []
     try:
         for volume in loaded.volumes:
@@ -300,7 +220,7 @@ def train(
         FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(config.seed)
     )
     command = command_line(ctx)
-    with _progress() as progress:
+    with progress_display() as progress:
         task = progress.add_task("training", total=config.total_steps, status="")
 
         def on_step(report: Any) -> None:
@@ -359,12 +279,12 @@ def calibrate(
             "[yellow]note[/yellow] seed 0 is the default training seed; calibrate on "
             "studies the model never saw"
         )
-    measurer = _load_measurer(model_dir)
+    measurer = load_measurer(model_dir)
     source: StudySource = (
         FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(seed)
     )
     count = n if phantoms_dir is None else min(n, len(source.folders))  # type: ignore[attr-defined]
-    with _progress() as progress:
+    with progress_display() as progress:
         task = progress.add_task("calibrating", total=count, status="")
         evaluation = evaluate(
             measurer,
@@ -449,6 +369,14 @@ def evaluate(
             "--model", help="The shipped model for the Bland-Altman plot (default: demo)."
         ),
     ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A JSON training configuration (as for train) that every compared model "
+            "starts from: size, batches, stages (--steps still rescales its stages).",
+        ),
+    ] = None,
 ) -> None:
     """Compare the numeric modes (RNED with the paper's and the correlation decoder, standard
     tokens, xVal) and the positional modes (M-RoPE, Circle-RoPE, Circle-RoPE + AGE) at the same
@@ -478,6 +406,16 @@ def evaluate(
         studies = 4
     else:
         base = TrainConfig()
+        if config_file is not None:
+            try:
+                base = TrainConfig.from_json(json.loads(config_file.read_text()))
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                err.print(
+                    f"[red]error:[/red] --config {config_file}: not a training configuration "
+                    f"({exc})",
+                    highlight=False,
+                )
+                raise typer.Exit(EXIT_NOTHING) from None
         if steps is not None:
             first = max(1, round(steps * 0.8))
             base = dataclasses.replace(
@@ -492,13 +430,26 @@ def evaluate(
     half = studies // 2
     calibration = [held_out.study(i) for i in range(half)]
     test = [held_out.study(i) for i in range(half, studies)]
-    with _progress() as progress:
+    with progress_display() as progress:
         task = progress.add_task("configurations", total=7, status="")
+        # training steps over all configurations (one found in --work counts as done)
+        steps_task = progress.add_task("training steps", total=7 * base.total_steps, status="")
+        started = [0]
 
         def on_configuration(configuration: Any, phase: str) -> None:
             progress.update(task, status=f"{configuration.name}: {phase}")
+            if phase == "training":
+                started[0] += 1
             if phase == "evaluating":
                 progress.advance(task)
+                progress.update(steps_task, completed=started[0] * base.total_steps)
+
+        def on_step(report: Any) -> None:
+            progress.update(
+                steps_task,
+                completed=(started[0] - 1) * base.total_steps + report.step,
+                status=f"{report.stage}: loss {report.loss:.3f}",
+            )
 
         comparison = compare(
             base,
@@ -508,6 +459,7 @@ def evaluate(
             test,
             bootstrap_draws=100 if quick else 1000,
             on_configuration=on_configuration,
+            on_step=on_step,
         )
         progress.update(task, completed=7)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
-"""Measuring one series and storing the result: what ``radcaliper measure`` and the UI's upload
-share (one transaction per series; storing is idempotent)."""
+"""Measuring one series and storing the result: what ``radcaliper measure``, ``radcaliper
+batch`` and the UI's upload share (one transaction per series, or per study for batch; storing
+is idempotent)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -12,13 +14,60 @@ from db.store import RunIdentity, StoreOutcome, input_fingerprint, store_result
 from ingestion.volume import Volume
 from model.measurer.results import StudyResult
 
-__all__ = ["Measured", "measure_and_store", "store_measured"]
+__all__ = [
+    "RUN_SETTINGS",
+    "Measured",
+    "measure_and_store",
+    "run_identity",
+    "store_measured",
+    "store_study",
+]
+
+# What a stored run records as its settings; part of no identity check (see db.store.find_run).
+RUN_SETTINGS = {"inference": "default"}
 
 
 @dataclass(frozen=True)
 class Measured:
     result: StudyResult
     stored: StoreOutcome | None  # None: not stored (no store given)
+
+
+def run_identity(measurer: Any, fingerprint: str) -> RunIdentity:
+    """The identity of ``measurer``'s run on an input with this fingerprint."""
+    return RunIdentity(
+        checkpoint_hash=measurer.checkpoint_hash,
+        input_fingerprint=fingerprint,
+        settings=dict(RUN_SETTINGS),
+    )
+
+
+def store_study(
+    store: Store,
+    measurer: Any,
+    measured: Sequence[tuple[StudyResult, Volume, str]],
+    *,
+    started_at: datetime,
+    actor: str,
+    pseudonym_key: str | None,
+) -> list[StoreOutcome]:
+    """Store the results of one study's series, ``(result, volume, input fingerprint)`` each,
+    in one transaction: all of them or (on an error) none. Idempotent per series."""
+    with store.writer() as session:
+        outcomes = [
+            store_result(
+                session,
+                result,
+                volume,
+                run_identity(measurer, fingerprint),
+                actor=actor,
+                started_at=started_at,
+                pseudonym_key=pseudonym_key,
+            )
+            for result, volume, fingerprint in measured
+        ]
+        session.commit()
+    return outcomes
 
 
 def store_measured(
@@ -32,22 +81,15 @@ def store_measured(
     pseudonym_key: str | None,
 ) -> StoreOutcome:
     """Store a result the measurer made from ``volume`` (idempotent)."""
-    identity = RunIdentity(
-        checkpoint_hash=measurer.checkpoint_hash,
-        input_fingerprint=input_fingerprint(volume),
-        settings={"inference": "default"},
+    measured = [(result, volume, input_fingerprint(volume))]
+    (outcome,) = store_study(
+        store,
+        measurer,
+        measured,
+        started_at=started_at,
+        actor=actor,
+        pseudonym_key=pseudonym_key,
     )
-    with store.writer() as session:
-        outcome = store_result(
-            session,
-            result,
-            volume,
-            identity,
-            actor=actor,
-            started_at=started_at,
-            pseudonym_key=pseudonym_key,
-        )
-        session.commit()
     return outcome
 
 

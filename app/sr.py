@@ -382,7 +382,9 @@ def export_study_sr(
         sr.VerifyingObserverSequence = [_observer(n, t, organization) for n, t in verifiers]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = sr_path(out_dir, study_instance_uid)
-    sr.save_as(path, enforce_file_format=True)
+    partial = path.with_name(path.name + ".partial")  # never a half-written SR under its name
+    sr.save_as(partial, enforce_file_format=True)
+    partial.replace(path)
     logger.info("wrote SR %s (%d measurement groups)", path, len(groups))
     return SrExport(path=path, groups=len(groups), verified=verifiers is not None)
 

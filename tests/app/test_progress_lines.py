@@ -2,11 +2,11 @@
 
 import pytest
 
-from app.cli_model import _LineProgress
+from app.progress import LineProgress
 
 
 def test_progress_lines_every_five_percent_with_eta(capsys: pytest.CaptureFixture[str]) -> None:
-    with _LineProgress() as progress:
+    with LineProgress() as progress:
         task = progress.add_task("training", total=200, status="")
         for step in range(1, 201):
             progress.update(task, completed=step, status=f"loss {1 / step:.3f}")
@@ -20,7 +20,7 @@ def test_progress_lines_every_five_percent_with_eta(capsys: pytest.CaptureFixtur
 def test_the_last_state_is_printed_when_the_work_stops_early(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with _LineProgress() as progress:
+    with LineProgress() as progress:
         task = progress.add_task("calibrating", total=100, status="")
         progress.advance(task, 3)
     lines = capsys.readouterr().err.strip().splitlines()
