@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from app.cli_batch import batch
 from app.cli_model import calibrate, evaluate, measure, serve, train
 from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, settings_of
@@ -213,7 +214,7 @@ def export_sr(
     out.print(f"wrote {done.path} ({done.groups} measurement group(s), {state})", highlight=False)
 
 
-for command in (measure, train, calibrate, evaluate, serve):
+for command in (measure, batch, train, calibrate, evaluate, serve):
     app.command()(command)
 app.add_typer(db_app, name="db")
 app.add_typer(users_app, name="users")

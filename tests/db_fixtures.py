@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -94,6 +94,33 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened.dispose()
     with _admin(POSTGRES) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Store]]:
+    """Make migrated, empty stores on each backend, as many as a test needs (to compare two
+    databases); all are dropped at the end."""
+    template = request.getfixturevalue("postgres_template") if request.param != "sqlite" else ""
+    made: list[tuple[Store, str | None]] = []
+
+    def make() -> Store:
+        if request.param == "sqlite":
+            url = f"sqlite:///{tmp_path / f'store{len(made)}.sqlite3'}"
+            upgrade(url)
+            made.append((open_store(url), None))
+        else:
+            name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
+            with _admin(POSTGRES) as connection:
+                connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            made.append((open_store(_with_database(POSTGRES, name)), name))
+        return made[-1][0]
+
+    yield make
+    for opened, name in made:
+        opened.dispose()
+        if name is not None:
+            with _admin(POSTGRES) as connection:
+                connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

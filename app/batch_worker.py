@@ -1,0 +1,119 @@
+"""Loading one study's series in a worker process: what ``radcaliper batch`` runs in its process
+pool while the main process measures the study before. Imports neither torch nor the model.
+
+A worker gets a :class:`StudyJob` (the study's candidate series, best first, as file lists) and
+returns a :class:`StudyLoad`: the volume(s) with their input fingerprints, and a note for each
+series or part that could not be used. It never raises for bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from db.store import input_fingerprint
+from ingestion.errors import IngestionError
+from ingestion.load import load_series
+from ingestion.scan import scan_files
+from ingestion.selection import Note, NoteKind
+from ingestion.volume import Volume
+
+__all__ = ["LoadedSeries", "StudyJob", "StudyLoad", "load_study", "start_worker"]
+
+logger = logging.getLogger(__name__)
+
+_PARENT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class StudyJob:
+    """The series of one study to try, best first: ``(series uid, files)`` each."""
+
+    study_instance_uid: str
+    series: tuple[tuple[str, tuple[Path, ...]], ...]
+    all_series: bool = False
+
+
+@dataclass(frozen=True)
+class LoadedSeries:
+    volume: Volume
+    fingerprint: str  # db.store.input_fingerprint of the volume
+
+
+@dataclass(frozen=True)
+class StudyLoad:
+    """What loading a study gave: volumes (none when no series could be used) and notes."""
+
+    study_instance_uid: str
+    loaded: tuple[LoadedSeries, ...]
+    notes: tuple[Note, ...]
+    tried: tuple[str, ...]  # series UIDs tried, in order
+    seconds: float
+
+
+def _load_series(uid: str, paths: tuple[Path, ...], notes: list[Note]) -> LoadedSeries | None:
+    scanned = scan_files(paths)
+    for rejected in scanned.rejected:
+        notes.append(Note(NoteKind.REJECTED, rejected.path, uid, rejected.reason))
+    if not scanned.series:
+        return None
+    parts = sorted(scanned.series, key=lambda ref: -len(ref.slices))
+    for part in parts[1:]:
+        notes.append(
+            Note(
+                NoteKind.SKIPPED,
+                part.slices[0].path,
+                uid,
+                f"series {part.label}: a smaller part of a split series; the largest part "
+                f"({len(parts[0].slices)} planes) is measured",
+            )
+        )
+    try:
+        volume = load_series(parts[0])
+    except IngestionError as exc:
+        notes.append(
+            Note(NoteKind.REJECTED, parts[0].slices[0].path, uid, f"series {parts[0].label}: {exc}")
+        )
+        return None
+    return LoadedSeries(volume, input_fingerprint(volume))
+
+
+def load_study(job: StudyJob) -> StudyLoad:
+    """Load the first series of ``job`` that loads (every one with ``all_series``)."""
+    began = time.perf_counter()
+    notes: list[Note] = []
+    loaded: list[LoadedSeries] = []
+    tried: list[str] = []
+    for uid, paths in job.series:
+        tried.append(uid)
+        series = _load_series(uid, paths, notes)
+        if series is not None:
+            loaded.append(series)
+            if not job.all_series:
+                break
+    return StudyLoad(
+        job.study_instance_uid,
+        tuple(loaded),
+        tuple(notes),
+        tuple(tried),
+        time.perf_counter() - began,
+    )
+
+
+def _exit_with_parent(parent: int) -> None:
+    while True:
+        time.sleep(_PARENT_POLL_S)
+        if os.getppid() != parent:  # the batch died (kill -9): nobody will collect our work
+            os._exit(0)
+
+
+def start_worker(parent: int) -> None:
+    """Process-pool initializer: leave Ctrl-C to the batch (which stops the pool), and exit
+    when the batch process is gone, so that a killed batch leaves no workers behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

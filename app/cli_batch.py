@@ -1,0 +1,229 @@
+"""``radcaliper batch``: every study under a folder tree (registered on the app by ``app.cli``).
+
+The work is in ``app.batch``; this module reads the options, draws the progress and turns the
+outcome into one summary, the report files and the exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from app.cli_model import load_measurer
+from app.cli_store import DbOption, open_database
+from app.console import EXIT_NOTHING, cli_actor, err, out, settings_of
+from app.progress import progress_display
+
+__all__ = ["batch"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 130
+_SHOWN = 10  # failed studies / rejected files listed on the terminal when there is no report
+
+
+class _Listener:
+    """Feeds a progress display (bar or lines) from the batch's callbacks."""
+
+    def __init__(self, display: Any) -> None:
+        self.display = display
+        self.files = 0
+        self.scan_task = display.add_task("scanning files", total=None, status="")
+        self.study_task: Any = None
+        self.done = 0
+
+    def scanned(self, files: int) -> None:
+        self.files = files
+        self.display.update(self.scan_task, completed=files)
+
+    def planned(self, studies: int) -> None:
+        self.display.update(self.scan_task, completed=self.files, total=max(1, self.files))
+        self.study_task = self.display.add_task("studies", total=studies, status="")
+
+    def finished(self, record: Any, summary: Any) -> None:
+        status = (
+            f"{summary.stored} stored, {summary.already_stored} already, {summary.failed} failed"
+        )
+        self.done += 1
+        self.display.update(self.study_task, completed=self.done, status=status)
+
+
+def _print_summary(summary: Any) -> None:
+    scan = summary.scan
+    hours = summary.seconds / 3600
+    rate = f", {summary.stored / hours:,.0f} studies/hour" if summary.stored and hours else ""
+    out.print(
+        f"{summary.studies} studies under {escape(str(summary.root))}: {summary.stored} stored, "
+        f"{summary.already_stored} already stored, {summary.failed} failed "
+        f"({summary.seconds:.1f} s{rate})",
+        highlight=False,
+    )
+    out.print(
+        f"{scan.files} files ({scan.reused} unchanged since the last scan): {scan.images} "
+        f"images, {scan.skipped} skipped, {scan.rejected} rejected; series: "
+        f"{summary.skipped_series} left out, {summary.rejected_series} rejected",
+        highlight=False,
+    )
+    if summary.sr_written or summary.sr_failed:
+        out.print(f"DICOM SR: {summary.sr_written} written, {summary.sr_failed} failed")
+    if summary.report:
+        out.print("report: " + ", ".join(escape(str(p)) for p in summary.report), highlight=False)
+
+
+def _print_problems(summary: Any) -> None:
+    """Without a report: the first failed studies and rejected files on stderr."""
+    if summary.report or not summary.problems:
+        return
+    err.print(
+        f"{summary.problems} problem(s); the first ones below (--report FILE lists them all):",
+        highlight=False,
+    )
+    for line in summary.first_problems[:_SHOWN]:
+        err.print(f"  - {line}", markup=False, highlight=False)
+
+
+def batch(
+    ctx: typer.Context,
+    root: Annotated[Path, typer.Argument(help="Folder tree to process (e.g. a PACS export).")],
+    db: DbOption = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="Processes that load studies while this one measures (default: half the "
+            "CPUs, 1 to 8; 0 loads in this process).",
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Write FILE.json and FILE.csv: every study's outcome, every rejected file "
+            "and series with its reason, everything skipped (a .json/.csv suffix is dropped).",
+        ),
+    ] = None,
+    export_sr: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-sr",
+            help="Write a DICOM SR (TID 1500) per stored study into this folder, "
+            "<study uid>.sr.dcm (an existing file is kept).",
+        ),
+    ] = None,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option("--model", help="Measurer checkpoint directory (default: the demo model)."),
+    ] = None,
+    work: Annotated[
+        Path | None,
+        typer.Option(
+            "--work",
+            help="Work folder for the file index and the resume state (default: "
+            "DATA_DIR/batch/<hash of ROOT>).",
+        ),
+    ] = None,
+    modality: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--modality",
+            help="Modality to measure; repeat for several (CT, MR; default CT).",
+        ),
+    ] = None,
+    min_slices: Annotated[
+        int,
+        typer.Option("--min-slices", min=1, help="Series with fewer slices are not measured."),
+    ] = 10,
+    include_derived: Annotated[
+        bool,
+        typer.Option(
+            "--include-derived",
+            help="Also consider DERIVED/SECONDARY series (reformats); by default only "
+            "ORIGINAL images are measured.",
+        ),
+    ] = False,
+    all_series: Annotated[
+        bool,
+        typer.Option(
+            "--all-series",
+            help="Measure every eligible series of a study, not only the best one.",
+        ),
+    ] = False,
+    organization: Annotated[
+        str,
+        typer.Option("--organization", help="Verifying organization in exported SRs."),
+    ] = "radcaliper",
+) -> None:
+    """Measure every study under ROOT, unattended, resumably and idempotently.
+
+    Every file's header is indexed on disk (memory does not grow with the tree); per study one
+    series is chosen (CT, at least --min-slices slices, no localizers, derived images or
+    secondary captures; axial first, then the thinnest reconstruction), loaded in worker
+    processes while this process measures, and stored in one transaction per study. A re-run
+    skips what is stored for the same model and input, so a killed batch resumes where it
+    stopped. Exit status: 0 every study done and no file rejected, 1 some files or studies
+    failed (the others are stored), 2 nothing could run (no ROOT, no study under it, an
+    unusable database or model, or another batch in the work folder).
+    """
+    from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
+    from ingestion.errors import ConfigurationError
+    from ingestion.selection import SelectionRules
+
+    settings = settings_of(ctx)
+    if not root.exists():
+        err.print(f"[red]error:[/red] {escape(str(root))}: no such file or folder", highlight=False)
+        raise typer.Exit(EXIT_NOTHING)
+    root = root.resolve()
+    try:
+        rules = SelectionRules(
+            modalities=tuple(m.upper() for m in modality or ["CT"]),
+            min_slices=min_slices,
+            include_derived=include_derived,
+            all_series=all_series,
+        )
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    options = BatchOptions(
+        root=root,
+        work_dir=work or default_work_dir(settings.data_dir, root),
+        rules=rules,
+        workers=default_workers() if workers is None else workers,
+        export_sr=export_sr,
+        report=report,
+        organization=organization,
+        actor=cli_actor(),
+        pseudonym_key=settings.pseudonym_key,
+    )
+    store = open_database(ctx, db)
+    try:
+        measurer = load_measurer(model_dir)
+        with progress_display() as display:
+            summary = run_batch(
+                options, store=store, measurer=measurer, listener=_Listener(display)
+            )
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    finally:
+        store.dispose()
+    _print_summary(summary)
+    _print_problems(summary)
+    if summary.aborted:
+        err.print(
+            f"[red]error:[/red] the batch stopped: {escape(summary.aborted)}; fix it and run the "
+            "same command again to resume",
+            highlight=False,
+        )
+    if summary.interrupted:
+        err.print("interrupted; run the same command again to resume", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if summary.studies == 0:
+        err.print(
+            f"[red]error:[/red] no CT/MR image study under {escape(str(root))}", highlight=False
+        )
+    raise typer.Exit(summary.exit_code)
