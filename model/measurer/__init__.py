@@ -141,6 +141,10 @@ if TYPE_CHECKING:
         InferenceOptions,
         SupportedRange,
     )
+    from model.measurer.planes import (
+        best_plane,
+        search_points,
+    )
     from model.measurer.pool import (
         FolderSource,
         PhantomSource,
@@ -338,6 +342,10 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "InferenceOptions",
         "SupportedRange",
     ),
+    "model.measurer.planes": (
+        "best_plane",
+        "search_points",
+    ),
     "model.measurer.pool": (
         "FolderSource",
         "PhantomSource",
@@ -494,6 +502,7 @@ __all__ = [
     "axes_example",
     "axes_prompt",
     "background_patches",
+    "best_plane",
     "bootstrap_intervals",
     "build_default_model",
     "build_head",
@@ -553,6 +562,7 @@ __all__ = [
     "read_truth",
     "renumber",
     "save_checkpoint",
+    "search_points",
     "segments_to_pixels",
     "special_ids",
     "summarize",

@@ -14,8 +14,10 @@
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
    merges candidates split along z (``grouping.merge_duplicates``);
 6. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
-   checkpoint's calibrated ranges; a malformed answer makes its measurements "not measurable";
-   the axes are drawn again on the measured crop.
+   checkpoint's calibrated ranges; a lesion also on :attr:`InferenceOptions.lesion_planes`
+   examined planes to either side, keeping the plane where its long axis is longest (RECIST;
+   ``model.measurer.planes``), which becomes its centre's z; a malformed answer makes its
+   measurements "not measurable"; the axes are drawn again on the measured crop.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -45,7 +47,13 @@ from model.measurer.grouping import (
     merge_duplicates,
     plane_detections,
 )
-from model.measurer.inference import generate_texts, measure_findings, outcome_for
+from model.measurer.inference import (
+    MeasureOutcome,
+    generate_texts,
+    measure_findings,
+    outcome_for,
+)
+from model.measurer.planes import best_plane, search_points
 from model.measurer.results import (
     MEASUREMENTS_OF,
     Measurement,
@@ -92,6 +100,7 @@ class InferenceOptions:
     measure_batch: int = 16
     verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
     recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
+    lesion_planes: int = 6  # examined planes on either side where a lesion is also measured
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
@@ -171,19 +180,7 @@ class CheckpointMeasurer:
         if self.options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
-        inputs = self.loaded.settings.measure_inputs
-        examples = [measure_example(volume, g.center_lps_mm, g.kind, inputs) for g in grouped]
-        outcomes = measure_findings(
-            self.lm,
-            self.loaded.tokenizer,
-            examples,
-            calibration=self.loaded.settings.calibration,
-            batch_size=self.options.measure_batch,
-            device=self.device,
-        )
-        failed = sum(not o.parsed for o in outcomes)
-        if failed:
-            warnings.append(f"{failed} of {len(outcomes)} measure answers were malformed")
+        grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
         axes = self._axes(volume, grouped, warnings)
         findings = [
             StudyFinding(
@@ -329,6 +326,44 @@ class CheckpointMeasurer:
                 dataclasses.replace(candidate, center_lps_mm=(x, y, candidate.center_lps_mm[2]))
             )
         return out
+
+    def _measure(
+        self, volume: Volume, grouped: Sequence[Any], plane_spacing: float, warnings: list[str]
+    ) -> tuple[list[Any], list[MeasureOutcome]]:
+        """Measure every finding; a lesion on the plane where it is largest among its centre's
+        and ``lesion_planes`` planes to either side (``model.measurer.planes``), its centre moved
+        to that plane. Returns the findings and their outcomes."""
+        inputs = self.loaded.settings.measure_inputs
+        points = [
+            search_points(
+                volume, g.center_lps_mm, g.kind, self.options.lesion_planes, plane_spacing
+            )
+            for g in grouped
+        ]
+        examples = [
+            measure_example(volume, point, g.kind, inputs)
+            for g, candidates in zip(grouped, points, strict=True)
+            for point in candidates
+        ]
+        answers = measure_findings(
+            self.lm,
+            self.loaded.tokenizer,
+            examples,
+            calibration=self.loaded.settings.calibration,
+            batch_size=self.options.measure_batch,
+            device=self.device,
+        )
+        failed = sum(not o.parsed for o in answers)
+        if failed:
+            warnings.append(f"{failed} of {len(answers)} measure answers were malformed")
+        kept, outcomes, start = [], [], 0
+        for g, candidates in zip(grouped, points, strict=True):
+            chunk = answers[start : start + len(candidates)]
+            start += len(candidates)
+            best = best_plane(chunk)
+            kept.append(dataclasses.replace(g, center_lps_mm=candidates[best]))
+            outcomes.append(chunk[best])
+        return kept, outcomes
 
     def _verify(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
         """Keep the candidates that the point task, asked at their centres, calls a finding;

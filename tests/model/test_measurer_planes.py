@@ -1,0 +1,80 @@
+"""Where a lesion is measured: its centre and the planes around it; the largest answer wins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ingestion.geometry import Geometry
+from ingestion.volume import Volume
+from model.measurer.inference import MeasureOutcome
+from model.measurer.planes import best_plane, search_points
+from model.measurer.results import FindingKind, Measurement, MeasurementName
+
+
+def _volume(slices: int = 20, spacing: float = 2.5, z0: float = -10.0) -> Volume:
+    geometry = Geometry(
+        origin=(0.0, 0.0, z0),
+        row_direction=(1.0, 0.0, 0.0),
+        column_direction=(0.0, 1.0, 0.0),
+        slice_direction=(0.0, 0.0, 1.0),
+        spacing=(spacing, 0.8, 0.8),
+    )
+    return Volume.in_memory(np.zeros((slices, 8, 8)), geometry)
+
+
+def test_a_lesion_is_searched_on_both_sides_nearest_first() -> None:
+    points = search_points(_volume(), (1.0, 2.0, 10.0), FindingKind.LESION, 2, 3.0)
+    assert points == [
+        (1.0, 2.0, 10.0),
+        (1.0, 2.0, 13.0),
+        (1.0, 2.0, 7.0),
+        (1.0, 2.0, 16.0),
+        (1.0, 2.0, 4.0),
+    ]
+
+
+def test_points_whose_plane_is_outside_the_volume_are_left_out() -> None:
+    # slices at z = -10 .. 37.5 (20 x 2.5 mm): planes beyond -11.25 .. 38.75 are outside
+    points = search_points(_volume(), (0.0, 0.0, 30.0), FindingKind.LESION, 3, 4.0)
+    assert [p[2] for p in points] == [30.0, 34.0, 26.0, 38.0, 22.0, 18.0]
+    points = search_points(_volume(), (0.0, 0.0, -9.0), FindingKind.LESION, 2, 2.0)
+    assert [p[2] for p in points] == [-9.0, -7.0, -11.0, -5.0]
+
+
+def test_vessels_and_zero_planes_are_measured_at_the_centre_only() -> None:
+    centre = (0.0, 0.0, 5.0)
+    assert search_points(_volume(), centre, FindingKind.VESSEL, 6, 2.0) == [centre]
+    assert search_points(_volume(), centre, FindingKind.LESION, 0, 2.0) == [centre]
+
+
+@pytest.mark.parametrize(("planes", "spacing"), [(-1, 2.0), (2, 0.0), (2, float("nan"))])
+def test_bad_search_arguments_are_refused(planes: int, spacing: float) -> None:
+    with pytest.raises(ValueError, match="planes|spacing_mm"):
+        search_points(_volume(), (0.0, 0.0, 0.0), FindingKind.LESION, planes, spacing)
+
+
+def _lesion(long: float | None, short: float | None = None) -> MeasureOutcome:
+    names = (MeasurementName.LONG_AXIS, MeasurementName.SHORT_AXIS)
+    if long is None:
+        measurements = tuple(Measurement.not_measurable(n, "malformed") for n in names)
+        return MeasureOutcome(measurements, "lesion ??", False)
+    short = long / 2 if short is None else short
+    return MeasureOutcome(
+        (Measurement(names[0], long), Measurement(names[1], short)), f"{long} x {short} mm", True
+    )
+
+
+def test_the_plane_with_the_longest_long_axis_is_kept() -> None:
+    assert best_plane([_lesion(20.0), _lesion(24.5, 10.0), _lesion(22.0, 15.0)]) == 1
+
+
+def test_ties_keep_the_earliest_plane_and_malformed_answers_never_win() -> None:
+    assert best_plane([_lesion(20.0), _lesion(20.0)]) == 0
+    assert best_plane([_lesion(None), _lesion(18.0), _lesion(None)]) == 1
+
+
+def test_with_no_parsed_answer_the_centre_reports_why() -> None:
+    outcomes = [_lesion(None), _lesion(None)]
+    assert best_plane(outcomes) == 0
+    assert outcomes[0].measurements[0].reason == "malformed"
