@@ -57,6 +57,9 @@ if TYPE_CHECKING:
         compare,
         numeric_items,
     )
+    from model.measurer.consolidate import (
+        consolidate,
+    )
     from model.measurer.data import (
         AxesExample,
         Batch,
@@ -258,6 +261,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "compare",
         "numeric_items",
     ),
+    "model.measurer.consolidate": ("consolidate",),
     "model.measurer.data": (
         "AxesExample",
         "Batch",
@@ -513,6 +517,7 @@ __all__ = [
     "collate",
     "common_items",
     "compare",
+    "consolidate",
     "contrast_channels",
     "crop_around",
     "default_checkpoint",

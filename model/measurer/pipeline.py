@@ -17,7 +17,10 @@
    checkpoint's calibrated ranges; a lesion also on :attr:`InferenceOptions.lesion_planes`
    examined planes to either side, keeping the plane where its long axis is longest (RECIST;
    ``model.measurer.planes``), which becomes its centre's z; a malformed answer makes its
-   measurements "not measurable"; the axes are drawn again on the measured crop.
+   measurements "not measurable";
+7. reports each vessel and each lesion once (``model.measurer.consolidate``: vessel pieces split
+   along z, a lesion inside a larger one's cross-section); the axes are drawn again on the
+   measured crop.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -39,6 +42,7 @@ from ingestion.errors import ModelError
 from ingestion.volume import Modality, Volume
 from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
+from model.measurer.consolidate import consolidate
 from model.measurer.data import axes_example, measure_example, point_example
 from model.measurer.find import FindExample, plane_images, prepare_for_find
 from model.measurer.grouping import (
@@ -101,6 +105,7 @@ class InferenceOptions:
     verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
     recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
     lesion_planes: int = 6  # examined planes on either side where a lesion is also measured
+    consolidate: bool = True  # one report per vessel and per lesion (model.measurer.consolidate)
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
@@ -181,6 +186,9 @@ class CheckpointMeasurer:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
         grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
+        if self.options.consolidate:
+            keep = consolidate(grouped, outcomes)
+            grouped, outcomes = [grouped[i] for i in keep], [outcomes[i] for i in keep]
         axes = self._axes(volume, grouped, warnings)
         findings = [
             StudyFinding(

@@ -1,0 +1,110 @@
+"""One report per object: vessel pieces and lesion duplicates are dropped, neighbours are kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.measurer.consolidate import consolidate
+from model.measurer.grouping import GroupedFinding
+from model.measurer.inference import MeasureOutcome
+from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement
+
+LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
+
+
+def _found(
+    kind: FindingKind, xyz: tuple[float, float, float], planes: int = 3, size: float = 20.0
+) -> GroupedFinding:
+    return GroupedFinding(kind, xyz, tuple(range(planes)), size)
+
+
+def _measured(kind: FindingKind, *values: float | None) -> MeasureOutcome:
+    names = MEASUREMENTS_OF[kind]
+    if values[0] is None:
+        return MeasureOutcome(
+            tuple(Measurement.not_measurable(n, "malformed") for n in names), "?", False
+        )
+    return MeasureOutcome(
+        tuple(Measurement(n, v) for n, v in zip(names, values, strict=True)), "", True
+    )
+
+
+def test_vessel_pieces_along_z_are_one_vessel_seen_on_the_most_planes() -> None:
+    findings = [
+        _found(VESSEL, (10.0, 10.0, 0.0), planes=4),
+        _found(VESSEL, (11.0, 9.0, 60.0), planes=12),
+        _found(VESSEL, (12.0, 10.0, -40.0), planes=2),
+    ]
+    outcomes = [_measured(VESSEL, 24.0), _measured(VESSEL, 25.0), _measured(VESSEL, 23.0)]
+    assert consolidate(findings, outcomes) == [1]
+
+
+def test_two_vessels_side_by_side_are_both_kept() -> None:
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0)), _found(VESSEL, (30.0, 0.0, 0.0))]
+    outcomes = [_measured(VESSEL, 20.0), _measured(VESSEL, 20.0)]  # 30 mm apart > 10 mm
+    assert consolidate(findings, outcomes) == [0, 1]
+
+
+def test_a_lesion_inside_a_larger_one_is_the_same_lesion() -> None:
+    findings = [
+        _found(LESION, (0.0, 0.0, 0.0)),  # the big one, measured 58 x 44 mm
+        _found(LESION, (12.0, 0.0, 2.0)),  # its centre 12 mm off: inside (< 22 mm)
+        _found(LESION, (60.0, 0.0, 0.0)),  # another lesion
+    ]
+    outcomes = [
+        _measured(LESION, 58.0, 44.0),
+        _measured(LESION, 30.0, 20.0),
+        _measured(LESION, 12.0, 8.0),
+    ]
+    assert consolidate(findings, outcomes) == [0, 2]
+    # the order of the reports does not matter: the longer one is kept
+    assert consolidate(findings[::-1], outcomes[::-1]) == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        ((25.0, 0.0, 0.0), "outside the cross-section (25 >= 22 mm)"),
+        ((5.0, 0.0, 20.0), "stacked along z (20 >= 58 / 4 mm)"),
+    ],
+)
+def test_lesions_that_can_both_exist_are_kept(second: tuple[float, float, float], why: str) -> None:
+    findings = [_found(LESION, (0.0, 0.0, 0.0)), _found(LESION, second)]
+    outcomes = [_measured(LESION, 58.0, 44.0), _measured(LESION, 14.0, 9.0)]
+    assert consolidate(findings, outcomes) == [0, 1], why
+
+
+def test_a_lesion_next_to_a_vessel_is_not_touched() -> None:
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0)), _found(LESION, (20.0, 0.0, 0.0))]
+    outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 10.0, 6.0)]  # 20 mm >= 15 mm
+    assert consolidate(findings, outcomes) == [0, 1]
+
+
+def test_a_lesion_and_a_vessel_at_one_place_keep_the_better_seen() -> None:
+    outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 28.0, 25.0)]
+    # a vessel through 20 planes with a "lesion" on 3 of them: the vessel
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=20), _found(LESION, (4.0, 0.0, 0.0))]
+    assert consolidate(findings, outcomes) == [0]
+    # a lesion on 8 planes called a vessel on 5 of them: the lesion
+    findings = [
+        _found(VESSEL, (0.0, 0.0, 0.0), planes=5),
+        _found(LESION, (4.0, 0.0, 0.0), planes=8),
+    ]
+    assert consolidate(findings, outcomes) == [1]
+
+
+def test_not_measurable_findings_use_their_box_size() -> None:
+    findings = [
+        _found(LESION, (0.0, 0.0, 0.0), size=40.0),
+        _found(LESION, (10.0, 0.0, 0.0), size=15.0),
+    ]
+    outcomes = [_measured(LESION, None), _measured(LESION, 15.0, 10.0)]
+    # 40 mm box: half of it (20 mm) stands in for half the short axis; 10 mm is inside
+    assert consolidate(findings, outcomes) == [0]
+
+
+def test_findings_and_outcomes_must_pair_up() -> None:
+    with pytest.raises(ValueError, match="2 findings but 1 outcomes"):
+        consolidate(
+            [_found(LESION, (0, 0, 0)), _found(LESION, (9, 9, 9))], [_measured(LESION, 9, 5)]
+        )
