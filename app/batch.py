@@ -61,6 +61,7 @@ __all__ = [
     "BatchSummary",
     "default_work_dir",
     "default_workers",
+    "inference_threads",
     "run_batch",
 ]
 
@@ -73,9 +74,26 @@ INDEX_NAME = "index.sqlite3"
 STATE_NAME = "state.sqlite3"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, e.g. under taskset), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
     """Loader processes by default: half the CPUs (inference needs the rest), 1 to 8."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    return max(1, min(8, usable_cpus() // 2))
+
+
+def inference_threads(workers: int) -> int:
+    """Threads for inference beside ``workers`` loaders: the CPUs they leave, at least one.
+
+    More would oversubscribe the CPUs, and torch's spinning intra-op threads then slow down
+    many times over (a demo study took 20-50 s instead of 0.6 s on 2 busy cores).
+    """
+    return max(1, usable_cpus() - workers)
 
 
 def default_work_dir(data_dir: Path, root: Path) -> Path:
@@ -269,7 +287,7 @@ class _Runner:
                 if planned is None:
                     continue
                 if self.options.workers == 0:
-                    self._finish(planned, load_study(planned.job(self.options.rules.all_series)))
+                    self._load_here(planned)
                     continue
                 self._submit(planned)
                 while len(self.pending) >= limit:
@@ -311,11 +329,19 @@ class _Runner:
                 continue
             except Exception as exc:  # a bug in loading: report it, go on
                 logger.debug("loading a study failed", exc_info=exc)
-                self._failed(
-                    planned, f"unexpected error while loading: {type(exc).__name__}: {exc}"
-                )
+                self._failed(planned, f"while loading: {_unexpected(exc)}")
                 continue
             self._finish(planned, load)
+
+    def _load_here(self, planned: _Planned) -> None:
+        """``--workers 0``: load in this process."""
+        try:
+            load = load_study(planned.job(self.options.rules.all_series))
+        except Exception as exc:  # a bug in loading: report it, go on
+            logger.debug("loading a study failed", exc_info=exc)
+            self._failed(planned, f"while loading: {_unexpected(exc)}")
+            return
+        self._finish(planned, load)
 
     def _broken_pool(self) -> None:
         if self.pool is not None:
@@ -340,7 +366,8 @@ class _Runner:
         if entry is not None and entry.signature == planned.signature:
             run_ids = self._stored_runs(entry.series)
             if run_ids is not None:
-                self._note_not_chosen(planned, tuple(s for s, _ in entry.series))
+                used = tuple(s for s, _ in entry.series)
+                self._note_not_chosen(planned, used, used)
                 record = StudyRecord(
                     uid,
                     Outcome.ALREADY_STORED,
@@ -372,10 +399,16 @@ class _Runner:
             raise _DatabaseFailed(_database_reason(exc)) from exc
         return tuple(ids)
 
-    def _note_not_chosen(self, planned: _Planned, used: tuple[str, ...]) -> None:
+    def _note_not_chosen(
+        self, planned: _Planned, used: tuple[str, ...], tried: tuple[str, ...]
+    ) -> None:
+        """A note on each candidate that was not tried because a better one was measured."""
         if self.options.rules.all_series or not used:
             return
-        chosen = next(c for c in planned.plan.candidates if c.series_instance_uid == used[0])
+        candidates = planned.plan.candidates
+        chosen = next((c for c in candidates if c.series_instance_uid == used[0]), None)
+        if chosen is None:
+            return
         notes = [
             Note(
                 NoteKind.SKIPPED,
@@ -385,8 +418,8 @@ class _Runner:
                 "(one series per study: axial first, then the thinnest; --all-series measures "
                 "every one)",
             )
-            for c in planned.plan.candidates
-            if c.series_instance_uid not in used
+            for c in candidates
+            if c.series_instance_uid not in tried
         ]
         self.state.note(planned.uid, notes)
         self.summary.skipped_series += len(notes)
@@ -402,7 +435,7 @@ class _Runner:
             reasons = "; ".join(n.reason for n in rejected) or "nothing loaded"
             self._failed(planned, f"no series could be loaded: {reasons}")
             return
-        self._note_not_chosen(planned, tuple(_uid(s) for s in load.loaded))
+        self._note_not_chosen(planned, tuple(_uid(s) for s in load.loaded), load.tried)
         kept: list[tuple[str, str, int]] = []  # (series, fingerprint, run id) already stored
         to_measure: list[LoadedSeries] = []
         for series in load.loaded:

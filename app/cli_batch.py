@@ -96,7 +96,7 @@ def batch(
             "--workers",
             min=0,
             help="Processes that load studies while this one measures (default: half the "
-            "CPUs, 1 to 8; 0 loads in this process).",
+            "CPUs, 1 to 8; 0 loads in this process). Inference gets the other CPUs.",
         ),
     ] = None,
     report: Annotated[
@@ -169,7 +169,13 @@ def batch(
     failed (the others are stored), 2 nothing could run (no ROOT, no study under it, an
     unusable database or model, or another batch in the work folder).
     """
-    from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
+    from app.batch import (
+        BatchOptions,
+        default_work_dir,
+        default_workers,
+        inference_threads,
+        run_batch,
+    )
     from ingestion.errors import ConfigurationError
     from ingestion.selection import SelectionRules
 
@@ -200,6 +206,10 @@ def batch(
         pseudonym_key=settings.pseudonym_key,
     )
     store = open_database(ctx, db)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(inference_threads(options.workers))  # restored below (tests, UI)
     try:
         measurer = load_measurer(model_dir)
         with progress_display() as display:
@@ -210,6 +220,7 @@ def batch(
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
     finally:
+        torch.set_num_threads(threads)
         store.dispose()
     _print_summary(summary)
     _print_problems(summary)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner, Result
 
-from app.batch import BatchOptions, run_batch
+from app.batch import BatchOptions, inference_threads, run_batch
 from app.batch_report import report_paths
 from app.cli import app
 from db.engine import Store, open_store
@@ -41,7 +40,6 @@ from batch_helpers import SMALL, Tree, build_tree, by_position, rewrite_series, 
 from conftest import SeriesFactory
 from test_sr import _dciodvfy
 
-logger = logging.getLogger(__name__)
 runner = CliRunner()
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -62,11 +60,17 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture(scope="module")
-def measurer() -> Any:
+def measurer() -> Iterator[Any]:
+    """The demo model, with the inference threads the batch command would give it."""
+    import torch
+
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.pipeline import CheckpointMeasurer
 
-    return CheckpointMeasurer.load(default_checkpoint())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(inference_threads(1))
+    yield CheckpointMeasurer.load(default_checkpoint())
+    torch.set_num_threads(threads)
 
 
 def _batch(root: Path, store: Store, work: Path, *options: str, verbose: bool = False) -> Result:
@@ -171,8 +175,11 @@ def _kill_half_way(tree: Tree, store: Store, work: Path, log: Path) -> int:
 
 
 def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) -> None:
+    """The issue's acceptance scenario; its figures go to ``tmp_path/scenario.json``."""
     n = len(tree.study_uids)
+    figures: dict[str, Any] = {"studies": n, "files": sum(1 for _ in tree.root.rglob("*.*"))}
     reference = store_factory()
+    began = time.monotonic()
     first = _batch(
         tree.root,
         reference,
@@ -183,6 +190,7 @@ def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) ->
         str(tmp_path / "sr"),
         verbose=True,
     )
+    figures["first_wall_s"] = time.monotonic() - began
     assert first.exit_code == 1, first.output
     assert "Traceback" not in first.output
     assert "PHANTOM-" not in first.stderr  # logs carry no patient identifiers
@@ -192,6 +200,7 @@ def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) ->
     assert [s[0] for s in rows["studies"]] == sorted(tree.study_uids)  # exactly once each
     assert sorted(r[0] for r in rows["runs"]) == sorted(tree.chosen.values())
     report = json.loads((tmp_path / "report.json").read_text())
+    figures["first"] = report["summary"]
     with (tmp_path / "report.csv").open(newline="") as handle:
         _check_report(tree, report, list(csv.DictReader(handle)))
     _check_srs(tree, report, tmp_path / "sr")
@@ -207,9 +216,7 @@ def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) ->
     assert summary["files"]["headers_read"] == 0 and summary["files"]["rejected"] == 20
     assert summary["seconds"] < max(10.0, n * 0.05), summary  # the batch itself, no model load
     assert stored_rows(reference) == rows and _events(reference) == events
-    logger.info(
-        "re-run of %d studies: %.2f s batch, %.1f s with start-up", n, summary["seconds"], wall
-    )
+    figures.update(rerun=summary, rerun_wall_s=wall)
 
     # SIGKILL half way, then the same command again: the same rows as the uninterrupted run
     resumed_store = store_factory()
@@ -219,12 +226,19 @@ def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) ->
     assert len(partial["runs"]) == killed_at  # whole studies only
     for table, kept in partial.items():
         assert set(kept) <= set(rows[table]), table
+    began = time.monotonic()
     resumed = _batch(tree.root, resumed_store, work, "--report", str(tmp_path / "resumed.json"))
+    figures.update(killed_at=killed_at, resumed_wall_s=time.monotonic() - began)
     assert resumed.exit_code == 1, resumed.output
     summary = json.loads((tmp_path / "resumed.json").read_text())["summary"]
+    figures["resumed"] = summary
+    final = stored_rows(resumed_store)
+    figures["same_rows"] = {table: final[table] == rows[table] for table in rows}
+    figures["rows"] = {table: len(kept) for table, kept in rows.items()}
+    (tmp_path / "scenario.json").write_text(json.dumps(figures, indent=1))
     assert summary["studies"]["already_stored"] == killed_at
     assert summary["studies"]["stored"] == n - killed_at
-    assert stored_rows(resumed_store) == rows
+    assert final == rows
 
 
 def test_a_pacs_export_of_12_studies_is_stored_once_and_survives_kill_9(
@@ -309,6 +323,9 @@ def test_a_series_that_fails_to_load_gives_way_to_the_next(
     assert study["study_instance_uid"] == study_uid and study["series_instance_uids"] == [thick]
     (rejected,) = report["rejected"]
     assert rejected["series_instance_uid"] == thin and "missing slice" in rejected["reason"]
+    assert [r["path"] for r in report["skipped"]] == [
+        str(tmp_path / "tree/study/phantom_0000/truth.json")
+    ]
 
 
 def test_all_series_in_one_transaction_and_loading_in_this_process(
