@@ -1,0 +1,205 @@
+"""Benchmark: ``radcaliper batch`` with the demo model: studies per hour, the re-run, and peak
+memory as the tree grows (issue 9).
+
+Usage (from the repository root, in the project's virtualenv)::
+
+    python benchmarks/bench_batch.py [--studies 200,1000] [--spec full|small] [--workers N]
+                                     [--cores 0,1] [--data DIR] [--json FILE]
+
+For each tree size N (written once under ``--data``, default ``benchmarks/data/batch``, and
+reused): N phantom studies (``--spec full``: the phantom spec's sizes, 224-288 pixels, 20-60
+slices; ``small``: 128 x 128 x 20-24, for quick runs), each study a DICOM series with its
+``truth.json``. Then, in a fresh SQLite database and a fresh work folder:
+
+1. ``radcaliper batch TREE --report ...`` as a child process (pinned to ``--cores`` with
+   ``taskset`` when given), with the demo model and ``--workers`` loader processes; wall time
+   (start-up and model load included) and the batch's own time from the report; studies/hour.
+2. The same command again: nothing new is stored; its wall time.
+
+Memory: the child's process tree (the batch and its loader processes) is sampled every 0.1 s
+from ``/proc``; the table gives the peak of the tree's summed RSS and the largest single
+process (``ru_maxrss`` of the children). Memory must not grow with N: the file index and the
+report live on disk, and at most ``2 x workers`` studies are loaded at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _machine import load, machine
+
+from ingestion.phantoms import PhantomSpec, write_phantoms
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SMALL = PhantomSpec(
+    matrix_size=(128, 128),
+    slice_spacings_mm=(1.0, 1.25, 2.0, 2.5, 3.0),
+    slice_count=(20, 24),
+    lesion_long_axis_mm=(8.0, 25.0),
+    vessel_diameter_mm=(10.0, 20.0),
+    fat_thickness_mm=(5.0, 10.0),
+)
+
+
+def _tree(data: Path, n: int, spec: str) -> Path:
+    """The tree of ``n`` studies (written once; a marker file says it is complete)."""
+    root = data / f"{spec}-{n}"
+    if (root / ".complete").is_file():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    began = time.perf_counter()
+    write_phantoms(root, n=n, seed=2027, spec=SMALL if spec == "small" else None)
+    (root / ".complete").write_text("")
+    print(f"wrote {n} {spec} studies in {time.perf_counter() - began:.0f} s", flush=True)
+    return root
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _tree_pids(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+class _Sampler(threading.Thread):
+    """Peak summed RSS of a process tree, sampled every 0.1 s."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kib = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            total = sum(_rss_kib(p) for p in _tree_pids(self.pid))
+            self.peak_kib = max(self.peak_kib, total)
+            self.stop.wait(0.1)
+
+
+def _run(command: list[str], cores: str | None) -> dict[str, Any]:
+    if cores:
+        command = ["taskset", "-c", cores, *command]
+    began = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
+    sampler = _Sampler(process.pid)
+    sampler.start()
+    stdout, _ = process.communicate()
+    sampler.stop.set()
+    sampler.join()
+    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "exit_code": process.returncode,
+        "wall_s": time.perf_counter() - began,
+        "peak_tree_mib": sampler.peak_kib / 1024,
+        "largest_process_mib": largest / 1024 if largest > before else None,
+        "stdout": stdout.strip(),
+    }
+
+
+def bench(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    root = _tree(args.data, n, args.spec)
+    work = Path(tempfile.mkdtemp(prefix=f"bench-batch-{n}-"))
+    url = f"sqlite:///{work / 'store.sqlite3'}"
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "db", "upgrade", "--db", url],
+        cwd=REPOSITORY,
+        check=True,
+        capture_output=True,
+    )
+    command = [sys.executable, "-m", "app.cli", "batch", str(root), "--db", url]
+    command += ["--work", str(work / "work"), "--workers", str(args.workers)]
+    first = _run([*command, "--report", str(work / "first")], args.cores)
+    report = json.loads((work / "first.json").read_text())["summary"]
+    again = _run([*command, "--report", str(work / "again")], args.cores)
+    rerun = json.loads((work / "again.json").read_text())["summary"]
+    shutil.rmtree(work)
+    batch_s = report["seconds"]
+    return {
+        "studies": n,
+        "spec": args.spec,
+        "files": report["files"]["total"],
+        "first": {k: v for k, v in first.items() if k != "stdout"},
+        "stored": report["studies"]["stored"],
+        "failed": report["studies"]["failed"],
+        "batch_s": batch_s,
+        "studies_per_hour": 3600 * report["studies"]["stored"] / batch_s,
+        "studies_per_hour_wall": 3600 * report["studies"]["stored"] / first["wall_s"],
+        "rerun": {k: v for k, v in again.items() if k != "stdout"},
+        "rerun_batch_s": rerun["seconds"],
+        "rerun_stored": rerun["studies"]["stored"],
+        "rerun_already": rerun["studies"]["already_stored"],
+        "rerun_headers_read": rerun["files"]["headers_read"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--studies", default="200,1000", help="tree sizes, comma-separated")
+    parser.add_argument("--spec", choices=("full", "small"), default="full")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--cores", default=None, help="taskset CPU list, e.g. 0,1")
+    parser.add_argument("--data", type=Path, default=REPOSITORY / "benchmarks" / "data" / "batch")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+    command = "python benchmarks/bench_batch.py " + " ".join(sys.argv[1:])
+    print(f"- command: `{command.strip()}`")
+    print(f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}")
+    print(f"- machine: {machine()}")
+    print(f"- load average at start: {load()}")
+    rows = [bench(int(n), args) for n in args.studies.split(",")]
+    print(f"- load average at end: {load()}\n")
+    print(
+        "| studies | files | stored | batch time | studies/hour (batch) | wall time "
+        "(start-up incl.) | peak RSS, batch + loaders | largest process | re-run wall "
+        "(batch part) | re-run stored / already / headers read |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        first, rerun = r["first"], r["rerun"]
+        largest = first["largest_process_mib"]
+        print(
+            f"| {r['studies']} ({r['spec']}) | {r['files']} | {r['stored']} (failed "
+            f"{r['failed']}) | {r['batch_s']:.0f} s | {r['studies_per_hour']:,.0f} | "
+            f"{first['wall_s']:.0f} s | {first['peak_tree_mib']:.0f} MiB | "
+            f"{'?' if largest is None else f'{largest:.0f} MiB'} | {rerun['wall_s']:.1f} s "
+            f"({r['rerun_batch_s']:.2f} s) | {r['rerun_stored']} / {r['rerun_already']} / "
+            f"{r['rerun_headers_read']} |"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
