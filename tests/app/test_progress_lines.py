@@ -25,3 +25,17 @@ def test_the_last_state_is_printed_when_the_work_stops_early(
         progress.advance(task, 3)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("calibrating: 3/100 (3 %)")
+
+
+def test_a_task_without_a_total_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    with LineProgress(every=100) as progress:
+        task = progress.add_task("scanning files", total=None, status="")
+        for count in range(1, 251):
+            progress.update(task, completed=count)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "scanning files: 100",
+        "scanning files: 200",
+        "scanning files: 250",  # the last count when the work ends
+    ]
+    assert "ETA" not in lines[0] and "elapsed" in lines[0]
