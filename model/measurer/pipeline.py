@@ -19,8 +19,8 @@
    ``model.measurer.planes``), which becomes its centre's z; a malformed answer makes its
    measurements "not measurable";
 7. reports each vessel and each lesion once (``model.measurer.consolidate``: vessel pieces split
-   along z, a lesion inside a larger one's cross-section); the axes are drawn again on the
-   measured crop.
+   along z, a lesion inside a larger one's cross-section or inside a vessel that runs through
+   the study); the axes are drawn again on the measured crop.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -176,7 +176,7 @@ class CheckpointMeasurer:
         """All findings of ``volume`` (module doc)."""
         self._check(volume)
         warnings: list[str] = []
-        grouped, plane_spacing = self._find(volume, warnings)
+        grouped, plane_spacing, examined = self._find(volume, warnings)
         verify = self.options.verify
         if verify is None:
             verify = self.loaded.settings.verify_candidates
@@ -187,7 +187,7 @@ class CheckpointMeasurer:
             grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
         grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
         if self.options.consolidate:
-            keep = consolidate(grouped, outcomes)
+            keep = consolidate(grouped, outcomes, examined)
             grouped, outcomes = [grouped[i] for i in keep], [outcomes[i] for i in keep]
         axes = self._axes(volume, grouped, warnings)
         findings = [
@@ -282,8 +282,9 @@ class CheckpointMeasurer:
                 "axial slices to find lesions"
             )
 
-    def _find(self, volume: Volume, warnings: list[str]) -> tuple[list[Any], float]:
-        """Candidates from the find answers, and the distance between examined planes (mm)."""
+    def _find(self, volume: Volume, warnings: list[str]) -> tuple[list[Any], float, int]:
+        """Candidates from the find answers, the distance between examined planes (mm) and how
+        many planes were examined."""
         inputs = self.loaded.settings.find_inputs
         prepared = prepare_for_find(volume, inputs)
         native = prepared.geometry.slice_spacing
@@ -312,7 +313,8 @@ class CheckpointMeasurer:
             logger.warning("%d of %d find answers were malformed", malformed, len(examples))
         detections = plane_detections(answers, planes, prepared.geometry)
         spacing = native * stride
-        return group_detections(detections, spacing, self.options.grouping), spacing
+        grouped = group_detections(detections, spacing, self.options.grouping)
+        return grouped, spacing, len(planes)
 
     def _recentre(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
         """Move each candidate's axial-plane centre to the middle of the first segment (long

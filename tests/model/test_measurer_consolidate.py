@@ -10,6 +10,7 @@ from model.measurer.inference import MeasureOutcome
 from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement
 
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
+EXAMINED = 20  # planes the find step examined
 
 
 def _found(
@@ -36,13 +37,13 @@ def test_vessel_pieces_along_z_are_one_vessel_seen_on_the_most_planes() -> None:
         _found(VESSEL, (12.0, 10.0, -40.0), planes=2),
     ]
     outcomes = [_measured(VESSEL, 24.0), _measured(VESSEL, 25.0), _measured(VESSEL, 23.0)]
-    assert consolidate(findings, outcomes) == [1]
+    assert consolidate(findings, outcomes, EXAMINED) == [1]
 
 
 def test_two_vessels_side_by_side_are_both_kept() -> None:
     findings = [_found(VESSEL, (0.0, 0.0, 0.0)), _found(VESSEL, (30.0, 0.0, 0.0))]
     outcomes = [_measured(VESSEL, 20.0), _measured(VESSEL, 20.0)]  # 30 mm apart > 10 mm
-    assert consolidate(findings, outcomes) == [0, 1]
+    assert consolidate(findings, outcomes, EXAMINED) == [0, 1]
 
 
 def test_a_lesion_inside_a_larger_one_is_the_same_lesion() -> None:
@@ -56,9 +57,9 @@ def test_a_lesion_inside_a_larger_one_is_the_same_lesion() -> None:
         _measured(LESION, 30.0, 20.0),
         _measured(LESION, 12.0, 8.0),
     ]
-    assert consolidate(findings, outcomes) == [0, 2]
+    assert consolidate(findings, outcomes, EXAMINED) == [0, 2]
     # the order of the reports does not matter: the longer one is kept
-    assert consolidate(findings[::-1], outcomes[::-1]) == [0, 2]
+    assert consolidate(findings[::-1], outcomes[::-1], EXAMINED) == [0, 2]
 
 
 @pytest.mark.parametrize(
@@ -71,26 +72,23 @@ def test_a_lesion_inside_a_larger_one_is_the_same_lesion() -> None:
 def test_lesions_that_can_both_exist_are_kept(second: tuple[float, float, float], why: str) -> None:
     findings = [_found(LESION, (0.0, 0.0, 0.0)), _found(LESION, second)]
     outcomes = [_measured(LESION, 58.0, 44.0), _measured(LESION, 14.0, 9.0)]
-    assert consolidate(findings, outcomes) == [0, 1], why
+    assert consolidate(findings, outcomes, EXAMINED) == [0, 1], why
 
 
 def test_a_lesion_next_to_a_vessel_is_not_touched() -> None:
     findings = [_found(VESSEL, (0.0, 0.0, 0.0)), _found(LESION, (20.0, 0.0, 0.0))]
     outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 10.0, 6.0)]  # 20 mm >= 15 mm
-    assert consolidate(findings, outcomes) == [0, 1]
+    assert consolidate(findings, outcomes, EXAMINED) == [0, 1]
 
 
-def test_a_lesion_and_a_vessel_at_one_place_keep_the_better_seen() -> None:
+def test_a_lesion_inside_a_vessel_through_the_study_is_a_piece_of_it() -> None:
     outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 28.0, 25.0)]
-    # a vessel through 20 planes with a "lesion" on 3 of them: the vessel
-    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=20), _found(LESION, (4.0, 0.0, 0.0))]
-    assert consolidate(findings, outcomes) == [0]
-    # a lesion on 8 planes called a vessel on 5 of them: the lesion
-    findings = [
-        _found(VESSEL, (0.0, 0.0, 0.0), planes=5),
-        _found(LESION, (4.0, 0.0, 0.0), planes=8),
-    ]
-    assert consolidate(findings, outcomes) == [1]
+    # a vessel seen on 10 of 20 planes, a "lesion" 4 mm from its axis: the vessel alone
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=10), _found(LESION, (4.0, 0.0, 0.0))]
+    assert consolidate(findings, outcomes, EXAMINED) == [0]
+    # a "vessel" on 9 of 20 planes may be a lesion seen as a vessel: both are kept
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=9), _found(LESION, (4.0, 0.0, 0.0))]
+    assert consolidate(findings, outcomes, EXAMINED) == [0, 1]
 
 
 def test_not_measurable_findings_use_their_box_size() -> None:
@@ -100,11 +98,11 @@ def test_not_measurable_findings_use_their_box_size() -> None:
     ]
     outcomes = [_measured(LESION, None), _measured(LESION, 15.0, 10.0)]
     # 40 mm box: half of it (20 mm) stands in for half the short axis; 10 mm is inside
-    assert consolidate(findings, outcomes) == [0]
+    assert consolidate(findings, outcomes, EXAMINED) == [0]
 
 
 def test_findings_and_outcomes_must_pair_up() -> None:
     with pytest.raises(ValueError, match="2 findings but 1 outcomes"):
         consolidate(
-            [_found(LESION, (0, 0, 0)), _found(LESION, (9, 9, 9))], [_measured(LESION, 9, 5)]
+            [_found(LESION, (0, 0, 0)), _found(LESION, (9, 9, 9))], [_measured(LESION, 9, 5)], 9
         )

@@ -50,7 +50,7 @@ def test_vessels_and_zero_planes_are_measured_at_the_centre_only() -> None:
 
 @pytest.mark.parametrize(("planes", "spacing"), [(-1, 2.0), (2, 0.0), (2, float("nan"))])
 def test_bad_search_arguments_are_refused(planes: int, spacing: float) -> None:
-    with pytest.raises(ValueError, match="planes|spacing_mm"):
+    with pytest.raises(ValueError, match=r"planes|spacing_mm"):
         search_points(_volume(), (0.0, 0.0, 0.0), FindingKind.LESION, planes, spacing)
 
 
