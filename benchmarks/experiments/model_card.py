@@ -2,17 +2,28 @@
 """Write the demo checkpoint's model card (README.md in the checkpoint) from its radcaliper.json
 and a held-out evaluation written by ``benchmarks/bench_measurer.py --json``.
 
-Usage: python benchmarks/experiments/model_card.py CHECKPOINT_DIR EVALUATION_JSON BENCH_COMMAND
-           CALIBRATE_COMMAND CONFIG [CONFIG ...]
+Usage: python benchmarks/experiments/model_card.py [--trained-as VERSION] [--versions FILE]
+           CHECKPOINT_DIR EVALUATION_JSON BENCH_COMMAND CALIBRATE_COMMAND CONFIG [CONFIG ...]
 
 The CONFIGs are the training runs in order (``radcaliper train --config``); each after the first
-starts from the previous run's weights (``init_from``).
+starts from the previous run's weights (``init_from``). ``--trained-as``: the version the last
+run was tagged with when the checkpoint's version has moved on without new weights (inference or
+calibration changed); ``--versions``: a markdown list of what changed in each version.
 """
 
 import json
 import sys
 from pathlib import Path
 
+args = sys.argv[1:]
+trained_as = versions = None
+while args and args[0] in ("--trained-as", "--versions"):
+    flag, value, args = args[0], args[1], args[2:]
+    if flag == "--trained-as":
+        trained_as = value
+    else:
+        versions = Path(value).read_text()
+sys.argv = [sys.argv[0], *args]
 root = Path(sys.argv[1])
 settings = json.loads((root / "radcaliper.json").read_text())
 evaluation = json.loads(Path(sys.argv[2]).read_text())
@@ -39,7 +50,7 @@ def run_lines(index, path, run, last):
     start = "from scratch" if not run.get("init_from") else f"from `{run['init_from']}`"
     return (
         f"{index}. `radcaliper train runs/demo-{index} --config {path} --threads 2"
-        + (f" --version-tag {settings['version']}" if last else "")
+        + (f" --version-tag {trained_as or settings['version']}" if last else "")
         + f"` ({start}, "
         f"phantom run seed {run['seed']}): {stages}; batches per step {run['measure_batch']} "
         f"measure, {run['find_batch']} find, {run['point_batch']} point, {run['axes_batch']} axes"
@@ -116,7 +127,7 @@ calibration), written as DICOM and read back through ingestion.
 The MAE and coverage are over matched findings (found within the spec's radius); see
 `benchmarks/RESULTS.md` for the full record.
 
-## Limits
+{"## Versions" + chr(10) + versions + chr(10) if versions else ""}## Limits
 Phantoms are simple: uniform ellipsoids and cylinders on soft tissue with Gaussian noise. Real CT
 has other anatomy, textures and artefacts; this model's numbers say nothing about them. MR is
 refused; so are spacings far outside the phantom spec.
