@@ -30,7 +30,7 @@ __all__ = ["ScanCounts", "WorkIndex"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 _COMMIT_EVERY = 500
 _PAGE = 256
 _COLUMNS = (
@@ -58,9 +58,10 @@ CREATE TABLE files (
     nx REAL, ny REAL, nz REAL, depth_min REAL, depth_max REAL, pixel_spacing REAL,
     thickness REAL
 );
-CREATE INDEX ix_files_study ON files (study_uid);
-CREATE INDEX ix_files_series ON files (series_uid);
-CREATE INDEX ix_files_status ON files (status);
+-- no index on status alone: SQLite would prefer it (it saves a sort) and read every image row
+-- for each study; the report's once-per-run listing by status scans the table instead
+CREATE INDEX ix_files_study ON files (study_uid, status);
+CREATE INDEX ix_files_series ON files (series_uid, status);
 INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}'), ('generation', '0');
 """
 
