@@ -17,16 +17,16 @@ slices; ``small``: 128 x 128 x 20-24, for quick runs), each study a DICOM series
 2. The same command again: nothing new is stored; its wall time.
 
 Memory: the child's process tree (the batch and its loader processes) is sampled every 0.1 s
-from ``/proc``; the table gives the peak of the tree's summed RSS and the largest single
-process (``ru_maxrss`` of the children). Memory must not grow with N: the file index and the
-report live on disk, and at most ``2 x workers`` studies are loaded at a time.
+from ``/proc``; the table gives the peak of the tree's summed RSS and each process's own peak
+(the batch, then its loaders; the sampling can miss a peak shorter than 0.1 s). Memory must not
+grow with N: the file index and the report live on disk, and at most ``2 x workers`` studies
+are loaded at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -92,18 +92,21 @@ def _tree_pids(pid: int) -> list[int]:
 
 
 class _Sampler(threading.Thread):
-    """Peak summed RSS of a process tree, sampled every 0.1 s."""
+    """Peak summed RSS of a process tree and the peak of each process, sampled every 0.1 s."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.peak_kib = 0
+        self.each_kib: dict[int, int] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            total = sum(_rss_kib(p) for p in _tree_pids(self.pid))
-            self.peak_kib = max(self.peak_kib, total)
+            sizes = {p: _rss_kib(p) for p in _tree_pids(self.pid)}
+            self.peak_kib = max(self.peak_kib, sum(sizes.values()))
+            for pid, kib in sizes.items():
+                self.each_kib[pid] = max(self.each_kib.get(pid, 0), kib)
             self.stop.wait(0.1)
 
 
@@ -111,19 +114,18 @@ def _run(command: list[str], cores: str | None) -> dict[str, Any]:
     if cores:
         command = ["taskset", "-c", cores, *command]
     began = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
     sampler = _Sampler(process.pid)
     sampler.start()
     stdout, _ = process.communicate()
     sampler.stop.set()
     sampler.join()
-    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peaks = sorted(sampler.each_kib.values(), reverse=True)
     return {
         "exit_code": process.returncode,
         "wall_s": time.perf_counter() - began,
         "peak_tree_mib": sampler.peak_kib / 1024,
-        "largest_process_mib": largest / 1024 if largest > before else None,
+        "process_peaks_mib": [round(k / 1024) for k in peaks],  # batch first, then loaders
         "stdout": stdout.strip(),
     }
 
@@ -182,18 +184,18 @@ def main() -> None:
     print(f"- load average at end: {load()}\n")
     print(
         "| studies | files | stored | batch time | studies/hour (batch) | wall time "
-        "(start-up incl.) | peak RSS, batch + loaders | largest process | re-run wall "
+        "(start-up incl.) | peak RSS, batch + loaders | peak per process | re-run wall "
         "(batch part) | re-run stored / already / headers read |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         first, rerun = r["first"], r["rerun"]
-        largest = first["largest_process_mib"]
+        each = " + ".join(f"{m}" for m in first["process_peaks_mib"]) + " MiB"
         print(
             f"| {r['studies']} ({r['spec']}) | {r['files']} | {r['stored']} (failed "
             f"{r['failed']}) | {r['batch_s']:.0f} s | {r['studies_per_hour']:,.0f} | "
             f"{first['wall_s']:.0f} s | {first['peak_tree_mib']:.0f} MiB | "
-            f"{'?' if largest is None else f'{largest:.0f} MiB'} | {rerun['wall_s']:.1f} s "
+            f"{each} | {rerun['wall_s']:.1f} s "
             f"({r['rerun_batch_s']:.2f} s) | {r['rerun_stored']} / {r['rerun_already']} / "
             f"{r['rerun_headers_read']} |"
         )
