@@ -236,3 +236,18 @@ def test_rules_are_checked_on_construction() -> None:
         SelectionRules(modalities=("US",))
     with pytest.raises(ValueError, match="min_slices"):
         SelectionRules(min_slices=0)
+
+
+def test_an_index_of_another_schema_is_rebuilt(tmp_path: Path, write_series: SeriesFactory) -> None:
+    import sqlite3
+
+    write_series(tmp_path / "tree" / "a", n=2)
+    with WorkIndex(tmp_path / "index.sqlite3") as index:
+        index.scan(tmp_path / "tree")
+    db = sqlite3.connect(tmp_path / "index.sqlite3")
+    with db:
+        db.execute("UPDATE meta SET value = 'old' WHERE key = 'schema'")
+    db.close()
+    with WorkIndex(tmp_path / "index.sqlite3") as rebuilt:
+        assert rebuilt.generation == 0 and list(rebuilt.studies()) == []
+        assert rebuilt.scan(tmp_path / "tree").read == 2  # every header read again
