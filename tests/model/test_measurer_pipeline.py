@@ -106,10 +106,12 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
     """Eight held-out studies (a run seed never used in training or calibration).
 
     A regression guard at the level the model card reports for the shipped demo model (lesions
-    >= 10 mm: recall 0.63 at 0.75 false findings per study), not issue 5's targets, which this
-    small CPU-trained model misses (benchmarks/RESULTS.md): most vessels and at least 30 % of the
-    lesions >= 10 mm are found, few false findings, and what is found is measured near the truth
-    with 90 % ranges."""
+    >= 10 mm: recall 0.63 at 0.30 false findings per study; long-axis MAE 1.9 mm), not all of
+    issue 5's targets, which this small CPU-trained model misses for detection
+    (benchmarks/RESULTS.md): most vessels and at least 30 % of the lesions >= 10 mm are found,
+    at most one false finding per study, and what is found is measured near the truth with 90 %
+    ranges (0.2.4 on these studies: 6/15 lesions, 5/5 vessels, 3 false, median errors 1.1 and
+    0.14 mm)."""
     measurer = CheckpointMeasurer.load(DEMO)
     assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
     source = PhantomSource(4242)
@@ -138,9 +140,9 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
             errors[truth.kind].append(abs(value.value_mm - expected))
     assert found["vessel"] >= 0.8 * total["vessel"], (found, total)
     assert found["lesion"] >= 0.3 * total["lesion"], (found, total)
-    assert false <= 2 * 8, false
-    assert float(np.median(errors["lesion"])) < 4.0, errors
-    assert float(np.median(errors["vessel"])) < 1.0, errors
+    assert false <= 8, false
+    assert float(np.median(errors["lesion"])) < 2.5, errors
+    assert float(np.median(errors["vessel"])) < 0.5, errors
 
 
 def test_the_demo_checkpoint_ships_with_its_card() -> None:
