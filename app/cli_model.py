@@ -382,9 +382,9 @@ def evaluate(
     tokens, xVal) and the positional modes (M-RoPE, Circle-RoPE, Circle-RoPE + AGE) at the same
     data, backbone, budget and seed, on the same held-out phantoms.
 
-    Writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true, Bland-
-    Altman of the shipped model, coverage vs nominal) and the tables in --results-md. Models are
-    trained into --work once and reused when their configuration is unchanged.
+    Writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true,
+    Bland-Altman of the shipped model, coverage vs nominal) and the tables in --results-md.
+    Models are trained into --work once and reused when their configuration is unchanged.
     """
     import dataclasses
     import time
