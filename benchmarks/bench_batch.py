@@ -99,6 +99,7 @@ class _Sampler(threading.Thread):
         self.pid = pid
         self.peak_kib = 0
         self.each_kib: dict[int, int] = {}
+        self.batch_kib: list[int] = []  # the batch process's RSS at every sample
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -107,7 +108,14 @@ class _Sampler(threading.Thread):
             self.peak_kib = max(self.peak_kib, sum(sizes.values()))
             for pid, kib in sizes.items():
                 self.each_kib[pid] = max(self.each_kib.get(pid, 0), kib)
+            if sizes.get(self.pid):
+                self.batch_kib.append(sizes[self.pid])
             self.stop.wait(0.1)
+
+    def batch_quarters_mib(self) -> list[int]:
+        """The batch process's highest RSS in each quarter of its run (is it still growing?)."""
+        samples, n = self.batch_kib, len(self.batch_kib)
+        return [round(max(samples[i * n // 4 : (i + 1) * n // 4] or [0]) / 1024) for i in range(4)]
 
 
 def _run(command: list[str], cores: str | None) -> dict[str, Any]:
@@ -126,6 +134,7 @@ def _run(command: list[str], cores: str | None) -> dict[str, Any]:
         "wall_s": time.perf_counter() - began,
         "peak_tree_mib": sampler.peak_kib / 1024,
         "process_peaks_mib": [round(k / 1024) for k in peaks],  # batch first, then loaders
+        "batch_quarters_mib": sampler.batch_quarters_mib(),
         "stdout": stdout.strip(),
     }
 
@@ -148,7 +157,10 @@ def bench(n: int, args: argparse.Namespace) -> dict[str, Any]:
     rerun = json.loads((work / "again.json").read_text())["summary"]
     shutil.rmtree(work)
     batch_s = report["seconds"]
+    if rerun["model"] != report["model"]:
+        raise SystemExit("the model changed between the two runs; run the benchmark again")
     return {
+        "model": f"{report['model']['name']} {report['model']['version']}",
         "studies": n,
         "spec": args.spec,
         "files": report["files"]["total"],
@@ -181,13 +193,14 @@ def main() -> None:
     print(f"- machine: {machine()}")
     print(f"- load average at start: {load()}")
     rows = [bench(int(n), args) for n in args.studies.split(",")]
-    print(f"- load average at end: {load()}\n")
+    print(f"- load average at end: {load()}")
+    print(f"- model: {', '.join(sorted({r['model'] for r in rows}))}, workers {args.workers}\n")
     print(
         "| studies | files | stored | batch time | studies/hour (batch) | wall time "
         "(start-up incl.) | peak RSS, batch + loaders | peak per process | re-run wall "
-        "(batch part) | re-run stored / already / headers read |"
+        "(batch part) | re-run stored / already / headers read | batch RSS by quarter of the run |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         first, rerun = r["first"], r["rerun"]
         each = " + ".join(f"{m}" for m in first["process_peaks_mib"]) + " MiB"
@@ -197,7 +210,8 @@ def main() -> None:
             f"{first['wall_s']:.0f} s | {first['peak_tree_mib']:.0f} MiB | "
             f"{each} | {rerun['wall_s']:.1f} s "
             f"({r['rerun_batch_s']:.2f} s) | {r['rerun_stored']} / {r['rerun_already']} / "
-            f"{r['rerun_headers_read']} |"
+            f"{r['rerun_headers_read']} | {' / '.join(str(q) for q in first['batch_quarters_mib'])}"
+            " MiB |"
         )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
