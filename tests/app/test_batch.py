@@ -38,7 +38,7 @@ from ingestion.selection import SelectionRules
 
 from batch_helpers import SMALL, Tree, build_tree, by_position, rewrite_series, stored_rows
 from conftest import SeriesFactory
-from test_sr import _dciodvfy
+from test_sr import _check_against_store, _dciodvfy
 
 runner = CliRunner()
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -120,7 +120,9 @@ def _check_report(tree: Tree, report: dict[str, Any], rows: list[dict[str, str]]
     assert {r["path"] for r in rows if r["outcome"] == "rejected"} >= {str(p) for p in tree.corrupt}
 
 
-def _check_srs(tree: Tree, report: dict[str, Any], sr_dir: Path) -> None:
+def _check_srs(tree: Tree, report: dict[str, Any], sr_dir: Path, store: Store) -> None:
+    """One SR per study with findings; every one passes dciodvfy and reads back (highdicom) to
+    the values stored for its study."""
     written = sorted(sr_dir.glob("*.sr.dcm"))
     with_findings = [s for s in report["studies"] if s["findings"]]
     assert len(written) == len(with_findings) >= len(tree.study_uids) // 2
@@ -129,7 +131,9 @@ def _check_srs(tree: Tree, report: dict[str, Any], sr_dir: Path) -> None:
             assert study["sr"] == str(sr_dir / f"{study['study_instance_uid']}.sr.dcm")
         else:
             assert study["sr"].startswith("none: ")  # TID 1500 needs a measurement group
-    _dciodvfy(written[0])
+    for path in written:
+        _dciodvfy(path)
+        _check_against_store(store, path, path.name.removesuffix(".sr.dcm"), axes=None)
 
 
 def _kill_half_way(tree: Tree, store: Store, work: Path, log: Path) -> int:
@@ -203,7 +207,7 @@ def _scenario(tree: Tree, store_factory: Callable[[], Store], tmp_path: Path) ->
     figures["first"] = report["summary"]
     with (tmp_path / "report.csv").open(newline="") as handle:
         _check_report(tree, report, list(csv.DictReader(handle)))
-    _check_srs(tree, report, tmp_path / "sr")
+    _check_srs(tree, report, tmp_path / "sr", reference)
 
     # a re-run: nothing new, no header read again, in seconds
     events = _events(reference)

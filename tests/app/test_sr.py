@@ -23,7 +23,7 @@ from app.cli import app
 from app.sr import SOP_CLASSES, export_study_sr, tracking_uid
 from db.engine import Store, open_store
 from db.migrate import upgrade
-from db.models import Measurement, ReviewAction, ReviewStatus, Run, Series, User
+from db.models import Measurement, ReviewAction, ReviewStatus, Run, Series, Study, User
 from db.review import review_measurement
 from ingestion.errors import NothingToExportError
 from ingestion.geometry import Geometry
@@ -94,7 +94,14 @@ def _check_against_store(store: Store, path: Path, study_uid: str, axes: Any = A
     """Every exported value, unit, range, tracking UID and image reference equals the store's."""
     sr, groups = _read_back(path)
     with store.reader() as session:
-        run = session.execute(select(Run).order_by(Run.id.desc())).scalars().first()
+        latest = (
+            select(Run)
+            .join(Run.series)
+            .join(Series.study)
+            .where(Study.study_instance_uid == study_uid)
+            .order_by(Run.id.desc())
+        )
+        run = session.execute(latest).scalars().first()
         assert run is not None
         study = run.series.study
         assert sr.StudyInstanceUID == study_uid == study.study_instance_uid
