@@ -181,7 +181,6 @@ def train(
     seed, resumable: state is saved every 1000 steps under OUT/train_state. Calibrate the result
     with 'radcaliper calibrate OUT' before use.
     """
-    import dataclasses
 
     from ingestion.errors import RadcaliperError
     from model.measurer.checkpoint import NumericMode
@@ -198,24 +197,11 @@ def train(
         )
         raise typer.Exit(EXIT_NOTHING) from None
     if config_file is not None:
-        try:
-            config = TrainConfig.from_json(json.loads(config_file.read_text()))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            err.print(
-                f"[red]error:[/red] --config {config_file}: not a training configuration "
-                f"({exc}); start from the training_config.json of a model card",
-                highlight=False,
-            )
-            raise typer.Exit(EXIT_NOTHING) from None
+        config = _read_train_config(config_file)
     else:
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
-        first = max(1, round(steps * 0.8))
-        stages = (
-            dataclasses.replace(config.stages[0], steps=first),
-            *(dataclasses.replace(s, steps=steps - first) for s in config.stages[1:2]),
-        )
-        config = dataclasses.replace(config, stages=stages)
+        config = _with_steps(config, steps)
     source: StudySource = (
         FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(config.seed)
     )
@@ -322,6 +308,34 @@ def calibrate(
     out.print(table)
 
 
+def _read_train_config(path: Path) -> Any:
+    """The ``TrainConfig`` in ``path`` (``--config``), or exit 2 with one line saying why."""
+    from model.measurer.train import TrainConfig
+
+    try:
+        return TrainConfig.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        err.print(
+            f"[red]error:[/red] --config {path}: not a training configuration ({exc}); start "
+            "from benchmarks/configs/ or the training_config.json of a model card",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_NOTHING) from None
+
+
+def _with_steps(config: Any, steps: int) -> Any:
+    """``config`` with ``steps`` training steps: 80 % in the first stage, the rest in the second
+    (a one-stage configuration keeps one stage)."""
+    import dataclasses
+
+    first = max(1, round(steps * 0.8))
+    stages = (
+        dataclasses.replace(config.stages[0], steps=first),
+        *(dataclasses.replace(s, steps=steps - first) for s in config.stages[1:2]),
+    )
+    return dataclasses.replace(config, stages=stages)
+
+
 RESULTS_BEGIN = "<!-- radcaliper evaluate: begin -->"
 RESULTS_END = "<!-- radcaliper evaluate: end -->"
 
@@ -386,7 +400,6 @@ def evaluate(
     Bland-Altman of the shipped model, coverage vs nominal) and the tables in --results-md.
     Models are trained into --work once and reused when their configuration is unchanged.
     """
-    import dataclasses
     import time
 
     from app.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
@@ -405,26 +418,9 @@ def evaluate(
         )
         studies = 4
     else:
-        base = TrainConfig()
-        if config_file is not None:
-            try:
-                base = TrainConfig.from_json(json.loads(config_file.read_text()))
-            except (OSError, ValueError, TypeError, KeyError) as exc:
-                err.print(
-                    f"[red]error:[/red] --config {config_file}: not a training configuration "
-                    f"({exc})",
-                    highlight=False,
-                )
-                raise typer.Exit(EXIT_NOTHING) from None
+        base = TrainConfig() if config_file is None else _read_train_config(config_file)
         if steps is not None:
-            first = max(1, round(steps * 0.8))
-            base = dataclasses.replace(
-                base,
-                stages=(
-                    dataclasses.replace(base.stages[0], steps=first),
-                    dataclasses.replace(base.stages[1], steps=steps - first),
-                ),
-            )
+            base = _with_steps(base, steps)
     work_dir = work or settings.data_dir / ("evaluate-quick" if quick else "evaluate")
     held_out = PhantomSource(seed)
     half = studies // 2

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.cli_model import RESULTS_BEGIN, RESULTS_END
+from app.cli_model import RESULTS_BEGIN, RESULTS_END, _with_steps
 
 runner = CliRunner()
 
@@ -70,3 +71,34 @@ def _untimed(rows: list[dict]) -> list[dict]:
     for row in rows:
         row["detection"].pop("seconds_per_study")
     return rows
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("text", ["{not json", '{"stages": "many"}', None])
+def test_a_config_that_is_not_a_training_configuration_is_one_line_exit_2(
+    tmp_path: Path, command: str, text: str | None
+) -> None:
+    config = tmp_path / "config.json"
+    if text is not None:
+        config.write_text(text)
+    args = [command, "--config", str(config), "--work", str(tmp_path / "work")]
+    if command == "train":
+        args = ["train", str(tmp_path / "out"), "--config", str(config)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert f"--config {config}: not a training configuration" in result.output.replace("\n", "")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_steps_split_80_20_over_the_stages_a_configuration_has(stages: int) -> None:
+    from model.measurer.train import Stage, TrainConfig
+
+    config = TrainConfig.tiny(
+        seed=0, stages=tuple(Stage(f"s{i}", 7, 1e-3, warmup_steps=1) for i in range(stages))
+    )
+    changed = _with_steps(config, 100)
+    assert [s.steps for s in changed.stages] == [80, 20][:stages]
+    assert [s.name for s in changed.stages] == [s.name for s in config.stages]
+    assert changed.seed == config.seed and changed.numeric_mode == config.numeric_mode
