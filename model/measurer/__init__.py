@@ -58,7 +58,9 @@ if TYPE_CHECKING:
         numeric_items,
     )
     from model.measurer.consolidate import (
+        VESSEL_MIN_HU,
         consolidate,
+        short_vessels_as_lesions,
     )
     from model.measurer.data import (
         AxesExample,
@@ -261,7 +263,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "compare",
         "numeric_items",
     ),
-    "model.measurer.consolidate": ("consolidate",),
+    "model.measurer.consolidate": ("VESSEL_MIN_HU", "consolidate", "short_vessels_as_lesions"),
     "model.measurer.data": (
         "AxesExample",
         "Batch",
@@ -437,6 +439,7 @@ __all__ = [
     "SIDE_MULTIPLE",
     "TEMPORAL_PATCH",
     "UNK",
+    "VESSEL_MIN_HU",
     "VIDEO_PAD",
     "VISIBLE_FRACTION",
     "VISION_END",
@@ -569,6 +572,7 @@ __all__ = [
     "save_checkpoint",
     "search_points",
     "segments_to_pixels",
+    "short_vessels_as_lesions",
     "special_ids",
     "summarize",
     "train",

@@ -16,8 +16,16 @@ says objects are (``shared/design/phantom-spec.md``) and drop the extra reports:
 - *A lesion inside a vessel* (its centre within the vessel's radius: the spec keeps lesions
   3 mm off the vessel) is a piece of the vessel seen as a lesion when the vessel was found on
   at least half of the examined planes (a vessel runs through the study; a lesion spans at
-  most its long axis along z). A shorter "vessel" there may be a lesion seen as a vessel, so
-  then both are kept (dropping either lost true findings on validation).
+  most its long axis along z), or when the "lesion"'s centre is contrast-filled like a vessel
+  (median at least :data:`VESSEL_MIN_HU`). Otherwise a shorter "vessel" there may be a lesion
+  seen as a vessel, so both are kept (dropping either lost true findings on validation).
+
+Before measuring, :func:`short_vessels_as_lesions` uses the same facts the other way round: a
+"vessel" that, with every vessel piece at its axial position, was seen on fewer than half of
+the examined planes, and whose centre is not contrast-filled (median below the spec's 150 HU
+for vessels), is a lesion the find or point step called a vessel, and is measured as a lesion.
+(Coverage alone is not enough: the find step sees some true vessels on few planes, and
+relabelling those lost a tenth of the vessels on validation.)
 
 Where a value is "not measurable", the find step's box size stands in for it. On validation
 phantoms (demo checkpoint; runs 5555 and 6666, 70 studies) the rules took the false findings
@@ -27,6 +35,7 @@ from 1.17 / 1.03 to 0.43 / 0.40 per study without losing a true finding
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -34,9 +43,11 @@ from model.measurer.grouping import GroupedFinding
 from model.measurer.inference import MeasureOutcome
 from model.measurer.results import FindingKind
 
-__all__ = ["consolidate"]
+__all__ = ["VESSEL_MIN_HU", "consolidate", "short_vessels_as_lesions"]
 
 _VESSEL_REACH_MM = 5.0
+VESSEL_MIN_HU = 150.0
+"""The phantom spec's vessels are contrast-filled, 150-300 HU."""
 
 
 def _value(finding: GroupedFinding, outcome: MeasureOutcome, index: int) -> float:
@@ -54,11 +65,16 @@ def consolidate(
     findings: Sequence[GroupedFinding],
     outcomes: Sequence[MeasureOutcome],
     examined_planes: int,
+    centre_hu: Sequence[float] | None = None,
+    vessel_min_hu: float = VESSEL_MIN_HU,
 ) -> list[int]:
     """Indices (increasing) of the findings to report; ``outcomes`` are their measurements,
-    ``examined_planes`` how many planes the find step examined."""
+    ``examined_planes`` how many planes the find step examined, ``centre_hu`` the median HU at
+    each finding's centre (None: not used)."""
     if len(findings) != len(outcomes):
         raise ValueError(f"{len(findings)} findings but {len(outcomes)} outcomes")
+    if centre_hu is not None and len(centre_hu) != len(findings):
+        raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
     vessels = [i for i, f in enumerate(findings) if f.kind is FindingKind.VESSEL]
     vessels.sort(key=lambda i: -len(findings[i].planes))  # stable: ties keep their order
     kept: list[int] = []
@@ -74,9 +90,10 @@ def consolidate(
     for i, f in enumerate(findings):
         if f.kind is not FindingKind.LESION:
             continue
+        contrast_filled = centre_hu is not None and centre_hu[i] >= vessel_min_hu
         if any(
             _axial(f, findings[k]) < 0.5 * _value(findings[k], outcomes[k], 0)
-            and 2 * len(findings[k].planes) >= examined_planes
+            and (contrast_filled or 2 * len(findings[k].planes) >= examined_planes)
             for k in kept
         ):
             continue  # inside a vessel that runs through the study: a piece of it
@@ -93,3 +110,34 @@ def consolidate(
         if not inside:
             kept_lesions.append(i)
     return sorted(kept + kept_lesions)
+
+
+def short_vessels_as_lesions(
+    findings: Sequence[GroupedFinding],
+    examined_planes: int,
+    centre_hu: Sequence[float] | None = None,
+    vessel_min_hu: float = VESSEL_MIN_HU,
+) -> list[GroupedFinding]:
+    """``findings`` with every vessel relabelled a lesion that is not seen on at least half of
+    the examined planes, counting all vessel pieces at its axial position (centres closer than
+    ``max(5 mm, half the larger box side)``), and whose ``centre_hu`` (the median HU at its
+    centre, one per finding; None: not checked) is below ``vessel_min_hu`` (module doc). Order
+    and everything else are kept."""
+    if centre_hu is not None and len(centre_hu) != len(findings):
+        raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
+    vessels = [f for f in findings if f.kind is FindingKind.VESSEL]
+    out = []
+    for i, finding in enumerate(findings):
+        if finding.kind is FindingKind.VESSEL and (
+            centre_hu is None or centre_hu[i] < vessel_min_hu
+        ):
+            seen: set[int] = set()
+            for other in vessels:
+                if _axial(finding, other) < max(
+                    _VESSEL_REACH_MM, 0.5 * max(finding.size_mm, other.size_mm)
+                ):
+                    seen.update(other.planes)
+            if 2 * len(seen) < examined_planes:
+                finding = dataclasses.replace(finding, kind=FindingKind.LESION)
+        out.append(finding)
+    return out

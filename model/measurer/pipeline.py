@@ -42,7 +42,7 @@ from ingestion.errors import ModelError
 from ingestion.volume import Modality, Volume
 from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
-from model.measurer.consolidate import consolidate
+from model.measurer.consolidate import consolidate, short_vessels_as_lesions
 from model.measurer.data import axes_example, measure_example, point_example
 from model.measurer.find import FindExample, plane_images, prepare_for_find
 from model.measurer.grouping import (
@@ -106,6 +106,8 @@ class InferenceOptions:
     recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
     lesion_planes: int = 6  # examined planes on either side where a lesion is also measured
     consolidate: bool = True  # one report per vessel and per lesion (model.measurer.consolidate)
+    # a "vessel" seen on < half the planes, not contrast-filled, is a lesion (consolidate module)
+    short_vessels_as_lesions: bool = True
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
@@ -185,9 +187,13 @@ class CheckpointMeasurer:
         if self.options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
+        if self.options.short_vessels_as_lesions:
+            hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
+            grouped = short_vessels_as_lesions(grouped, examined, hu)
         grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
         if self.options.consolidate:
-            keep = consolidate(grouped, outcomes, examined)
+            hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
+            keep = consolidate(grouped, outcomes, examined, hu)
             grouped, outcomes = [grouped[i] for i in keep], [outcomes[i] for i in keep]
         axes = self._axes(volume, grouped, warnings)
         findings = [
@@ -450,3 +456,20 @@ def _source_slice(volume: Volume, center: Sequence[float]) -> int:
     """The source slice nearest to ``center`` (for the SOP instance the finding refers to)."""
     index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
     return int(min(volume.shape[0] - 1, max(0, round(float(index[0])))))
+
+
+def _centre_hu(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> float:
+    """Median voxel value within ``radius_mm`` of ``center`` on its nearest source slice (the
+    centre voxel alone when the pixels are larger than the radius)."""
+    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
+    k, r, c = (float(v) for v in index)
+    k = min(volume.shape[0] - 1, max(0, round(k)))
+    rows = max(0, round(radius_mm / volume.geometry.row_spacing))
+    columns = max(0, round(radius_mm / volume.geometry.column_spacing))
+    r0, c0 = min(volume.shape[1] - 1, max(0, round(r))), min(volume.shape[2] - 1, max(0, round(c)))
+    patch = volume.voxels[
+        k,
+        max(0, r0 - rows) : r0 + rows + 1,
+        max(0, c0 - columns) : c0 + columns + 1,
+    ]
+    return float(np.median(patch))

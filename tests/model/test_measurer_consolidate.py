@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.measurer.consolidate import consolidate
+from model.measurer.consolidate import VESSEL_MIN_HU, consolidate, short_vessels_as_lesions
 from model.measurer.grouping import GroupedFinding
 from model.measurer.inference import MeasureOutcome
 from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement
@@ -106,3 +106,54 @@ def test_findings_and_outcomes_must_pair_up() -> None:
         consolidate(
             [_found(LESION, (0, 0, 0)), _found(LESION, (9, 9, 9))], [_measured(LESION, 9, 5)], 9
         )
+
+
+def test_a_contrast_filled_lesion_inside_a_short_vessel_is_a_piece_of_it() -> None:
+    outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 28.0, 25.0)]
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=9), _found(LESION, (4.0, 0.0, 0.0))]
+    # the "lesion" is as dense as a vessel: a piece of the vessel, whatever the vessel's planes
+    assert consolidate(findings, outcomes, EXAMINED, [250.0, VESSEL_MIN_HU]) == [0]
+    # below the vessels' HU it may be a lesion: kept (the vessel's own HU does not matter)
+    assert consolidate(findings, outcomes, EXAMINED, [250.0, VESSEL_MIN_HU - 1]) == [0, 1]
+    # a dense lesion next to (not inside) a vessel is kept
+    apart = [findings[0], _found(LESION, (20.0, 0.0, 0.0))]
+    assert consolidate(apart, outcomes, EXAMINED, [250.0, 260.0]) == [0, 1]
+
+
+def test_centre_hu_must_pair_up() -> None:
+    with pytest.raises(ValueError, match="1 findings but 2 centre HU values"):
+        consolidate([_found(LESION, (0, 0, 0))], [_measured(LESION, 9, 5)], 9, [1.0, 2.0])
+    with pytest.raises(ValueError, match="1 findings but 0 centre HU values"):
+        short_vessels_as_lesions([_found(VESSEL, (0, 0, 0))], 9, [])
+
+
+def test_a_short_vessel_that_is_not_contrast_filled_is_a_lesion() -> None:
+    findings = [
+        _found(VESSEL, (0.0, 0.0, 0.0), planes=9),  # 9 of 20 planes, 60 HU: a lesion
+        _found(VESSEL, (80.0, 0.0, 0.0), planes=9),  # 9 of 20 planes but 220 HU: a vessel
+        _found(VESSEL, (0.0, 80.0, 0.0), planes=10),  # half the planes: a vessel
+        _found(LESION, (50.0, 50.0, 0.0)),
+    ]
+    out = short_vessels_as_lesions(findings, EXAMINED, [60.0, 220.0, 60.0, 40.0])
+    assert [f.kind for f in out] == [LESION, VESSEL, VESSEL, LESION]
+    assert [f.center_lps_mm for f in out] == [f.center_lps_mm for f in findings]
+    assert out[0].planes == findings[0].planes and out[0].size_mm == findings[0].size_mm
+    # without HU values, the planes alone decide
+    no_hu = short_vessels_as_lesions(findings, EXAMINED)
+    assert [f.kind for f in no_hu] == [LESION, LESION, VESSEL, LESION]
+
+
+def test_vessel_pieces_count_together() -> None:
+    # two pieces of one vessel at the same place, 6 + 6 planes of 20 (different planes): a vessel
+    a = GroupedFinding(VESSEL, (0.0, 0.0, -30.0), tuple(range(6)), 24.0)
+    b = GroupedFinding(VESSEL, (3.0, 0.0, 30.0), tuple(range(14, 20)), 24.0)
+    assert [f.kind for f in short_vessels_as_lesions([a, b], EXAMINED, [60.0, 60.0])] == [
+        VESSEL,
+        VESSEL,
+    ]
+    # the same pieces 40 mm apart are two short "vessels": lesions
+    far = GroupedFinding(VESSEL, (40.0, 0.0, 30.0), b.planes, 24.0)
+    assert [f.kind for f in short_vessels_as_lesions([a, far], EXAMINED, [60.0, 60.0])] == [
+        LESION,
+        LESION,
+    ]

@@ -12,9 +12,10 @@ from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
 from ingestion.volume import Modality, Volume
 from model.measurer.checkpoint import default_checkpoint
+from model.measurer.consolidate import VESSEL_MIN_HU
 from model.measurer.data import phantom_volume
 from model.measurer.evaluate import match_findings
-from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.pipeline import CheckpointMeasurer, _centre_hu
 from model.measurer.pool import PhantomSource
 from model.measurer.protocol import Measurer
 from model.measurer.results import NOT_MEASURABLE
@@ -106,12 +107,12 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
     """Eight held-out studies (a run seed never used in training or calibration).
 
     A regression guard at the level the model card reports for the shipped demo model (lesions
-    >= 10 mm: recall 0.63 at 0.30 false findings per study; long-axis MAE 1.9 mm), not all of
+    >= 10 mm: recall 0.67 at 0.14 false findings per study; long-axis MAE 1.9 mm), not all of
     issue 5's targets, which this small CPU-trained model misses for detection
-    (benchmarks/RESULTS.md): most vessels and at least 30 % of the lesions >= 10 mm are found,
-    at most one false finding per study, and what is found is measured near the truth with 90 %
-    ranges (0.2.4 on these studies: 6/15 lesions, 5/5 vessels, 3 false, median errors 1.1 and
-    0.14 mm)."""
+    (benchmarks/RESULTS.md): most vessels and at least 40 % of the lesions >= 10 mm are found,
+    at most one false finding in two studies, and what is found is measured near the truth with
+    90 % ranges (0.2.5 on these studies: 8/15 lesions, 5/5 vessels, 0 false, median errors 0.73
+    and 0.14 mm; 0.2.4: 6/15, 5/5, 3 false)."""
     measurer = CheckpointMeasurer.load(DEMO)
     assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
     source = PhantomSource(4242)
@@ -139,8 +140,8 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
             assert value.value_mm is not None and expected is not None
             errors[truth.kind].append(abs(value.value_mm - expected))
     assert found["vessel"] >= 0.8 * total["vessel"], (found, total)
-    assert found["lesion"] >= 0.3 * total["lesion"], (found, total)
-    assert false <= 8, false
+    assert found["lesion"] >= 0.4 * total["lesion"], (found, total)
+    assert false <= 4, false
     assert float(np.median(errors["lesion"])) < 2.5, errors
     assert float(np.median(errors["vessel"])) < 0.5, errors
 
@@ -207,3 +208,23 @@ def test_recentring_moves_candidates_to_the_middle_of_their_axes(
     moved = tiny._recentre(volume, candidates, warnings)
     assert [m.center_lps_mm for m in moved] == [(6.0, 4.0, -100.0), (20.0, 0.0, -100.0)]
     assert warnings == ["1 of 2 axes answers were malformed (re-centring; centres kept)"]
+
+
+def test_centre_hu_is_the_object_s_hu_at_its_centre() -> None:
+    """The median within 3 mm of a true centre is the object's HU up to the noise (the median of
+    a few dozen voxels of SD <= 25 HU); vessels are >= VESSEL_MIN_HU, lesions take theirs."""
+    checked = 0
+    for seed in range(6):
+        phantom = generate_phantom(study_seed(31, seed))
+        volume = phantom_volume(phantom)
+        for truth in phantom.findings:
+            if truth.kind == "lesion" and (truth.short_axis_mm or 0.0) < 12.0:
+                continue  # partial volume within 3 mm of the centre
+            hu = _centre_hu(volume, truth.center_lps_mm)
+            assert abs(hu - truth.hu) < 15.0, (truth, hu)
+            if truth.kind == "vessel":
+                assert hu >= VESSEL_MIN_HU - 15.0
+            checked += 1
+    assert checked >= 8
+    # outside the volume's rows and columns the nearest edge voxels are used, not an error
+    assert np.isfinite(_centre_hu(volume, (1e4, 1e4, 0.0)))
