@@ -12,15 +12,17 @@
 5. re-centres each finding in the axial plane on the middle of its long axis (or diameter), as
    the axes task draws it on a crop at the grouped centre (the find step's boxes are coarse:
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
-   merges candidates split along z (``grouping.merge_duplicates``);
+   merges candidates split along z (``grouping.merge_duplicates``); a "vessel" seen on fewer
+   than half of the examined planes whose centre is not contrast-filled becomes a lesion
+   (``consolidate.short_vessels_as_lesions``);
 6. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
    checkpoint's calibrated ranges; a lesion also on :attr:`InferenceOptions.lesion_planes`
    examined planes to either side, keeping the plane where its long axis is longest (RECIST;
    ``model.measurer.planes``), which becomes its centre's z; a malformed answer makes its
    measurements "not measurable";
 7. reports each vessel and each lesion once (``model.measurer.consolidate``: vessel pieces split
-   along z, a lesion inside a larger one's cross-section or inside a vessel that runs through
-   the study); the axes are drawn again on the measured crop.
+   along z, a lesion inside a larger one's cross-section, or inside a vessel that runs through
+   the study or with a contrast-filled centre); the axes are drawn again on the measured crop.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -459,8 +461,9 @@ def _source_slice(volume: Volume, center: Sequence[float]) -> int:
 
 
 def _centre_hu(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> float:
-    """Median voxel value within ``radius_mm`` of ``center`` on its nearest source slice (the
-    centre voxel alone when the pixels are larger than the radius)."""
+    """Median voxel value (HU for CT) in the square of half-side ``radius_mm`` around
+    ``center`` on its nearest source slice (the centre voxel alone when the pixels are larger
+    than that); a centre outside the slice takes the nearest edge voxels."""
     index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
     k, r, c = (float(v) for v in index)
     k = min(volume.shape[0] - 1, max(0, round(k)))
