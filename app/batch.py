@@ -96,6 +96,20 @@ def inference_threads(workers: int) -> int:
     return max(1, usable_cpus() - workers)
 
 
+@contextlib.contextmanager
+def _threads_beside(workers: int) -> Iterator[None]:
+    """torch's intra-op threads set to :func:`inference_threads` while the batch runs, restored
+    after (a test or the UI in the same process keeps its own)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(inference_threads(workers))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def default_work_dir(data_dir: Path, root: Path) -> Path:
     """``DATA_DIR/batch/<16 hex of the resolved ROOT>``: one work folder per tree."""
     digest = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:16]
@@ -328,8 +342,7 @@ class _Runner:
                 )
                 continue
             except Exception as exc:  # a bug in loading: report it, go on
-                logger.debug("loading a study failed", exc_info=exc)
-                self._failed(planned, f"while loading: {_unexpected(exc)}")
+                self._loading_failed(planned, exc)
                 continue
             self._finish(planned, load)
 
@@ -338,10 +351,13 @@ class _Runner:
         try:
             load = load_study(planned.job(self.options.rules.all_series))
         except Exception as exc:  # a bug in loading: report it, go on
-            logger.debug("loading a study failed", exc_info=exc)
-            self._failed(planned, f"while loading: {_unexpected(exc)}")
+            self._loading_failed(planned, exc)
             return
         self._finish(planned, load)
+
+    def _loading_failed(self, planned: _Planned, exc: Exception) -> None:
+        logger.debug("loading a study failed", exc_info=exc)
+        self._failed(planned, f"while loading: {_unexpected(exc)}")
 
     def _broken_pool(self) -> None:
         if self.pool is not None:
@@ -604,7 +620,8 @@ def run_batch(
             summary.problem(record.reason)
         summary.studies = index.study_count()
         listener.planned(summary.studies)
-        _Runner(options, store, measurer, index, state, summary, listener).run()
+        with _threads_beside(options.workers):
+            _Runner(options, store, measurer, index, state, summary, listener).run()
         summary.seconds = time.perf_counter() - began
         if options.report is not None:
             summary.report = write_report(options.report, summary, index, state)

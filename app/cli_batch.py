@@ -169,13 +169,7 @@ def batch(
     failed (the others are stored), 2 nothing could run (no ROOT, no study under it, an
     unusable database or model, or another batch in the work folder).
     """
-    from app.batch import (
-        BatchOptions,
-        default_work_dir,
-        default_workers,
-        inference_threads,
-        run_batch,
-    )
+    from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
     from ingestion.errors import ConfigurationError
     from ingestion.selection import SelectionRules
 
@@ -206,10 +200,6 @@ def batch(
         pseudonym_key=settings.pseudonym_key,
     )
     store = open_database(ctx, db)
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(inference_threads(options.workers))  # restored below (tests, UI)
     try:
         measurer = load_measurer(model_dir)
         with progress_display() as display:
@@ -220,7 +210,6 @@ def batch(
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
     finally:
-        torch.set_num_threads(threads)
         store.dispose()
     _print_summary(summary)
     _print_problems(summary)

@@ -62,6 +62,21 @@ def _axial(a: GroupedFinding, b: GroupedFinding) -> float:
     )
 
 
+def _one_vessel(a: GroupedFinding, b: GroupedFinding, size_a: float, size_b: float) -> bool:
+    """Two vessel findings of these diameters (or box sizes) are pieces of one vessel."""
+    return _axial(a, b) < max(_VESSEL_REACH_MM, 0.5 * max(size_a, size_b))
+
+
+def _runs_through(planes: int, examined_planes: int) -> bool:
+    """Seen on at least half of the examined planes, as a vessel through the study is."""
+    return 2 * planes >= examined_planes
+
+
+def _check_hu(findings: Sequence[GroupedFinding], centre_hu: Sequence[float] | None) -> None:
+    if centre_hu is not None and len(centre_hu) != len(findings):
+        raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
+
+
 def consolidate(
     findings: Sequence[GroupedFinding],
     outcomes: Sequence[MeasureOutcome],
@@ -74,16 +89,14 @@ def consolidate(
     each finding's centre (None: not used)."""
     if len(findings) != len(outcomes):
         raise ValueError(f"{len(findings)} findings but {len(outcomes)} outcomes")
-    if centre_hu is not None and len(centre_hu) != len(findings):
-        raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
+    _check_hu(findings, centre_hu)
     vessels = [i for i, f in enumerate(findings) if f.kind is FindingKind.VESSEL]
     vessels.sort(key=lambda i: -len(findings[i].planes))  # stable: ties keep their order
     kept: list[int] = []
     for i in vessels:
         diameter = _value(findings[i], outcomes[i], 0)
         if not any(
-            _axial(findings[i], findings[k])
-            < max(_VESSEL_REACH_MM, 0.5 * max(diameter, _value(findings[k], outcomes[k], 0)))
+            _one_vessel(findings[i], findings[k], diameter, _value(findings[k], outcomes[k], 0))
             for k in kept
         ):
             kept.append(i)
@@ -94,7 +107,7 @@ def consolidate(
         contrast_filled = centre_hu is not None and centre_hu[i] >= vessel_min_hu
         if any(
             _axial(f, findings[k]) < 0.5 * _value(findings[k], outcomes[k], 0)
-            and (contrast_filled or 2 * len(findings[k].planes) >= examined_planes)
+            and (contrast_filled or _runs_through(len(findings[k].planes), examined_planes))
             for k in kept
         ):
             continue  # inside a vessel that runs through the study: a piece of it
@@ -124,21 +137,16 @@ def short_vessels_as_lesions(
     ``max(5 mm, half the larger box side)``), and whose ``centre_hu`` (the median HU at its
     centre, one per finding; None: not checked) is below ``vessel_min_hu`` (module doc). Order
     and everything else are kept."""
-    if centre_hu is not None and len(centre_hu) != len(findings):
-        raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
+    _check_hu(findings, centre_hu)
     vessels = [f for f in findings if f.kind is FindingKind.VESSEL]
     out = []
     for i, finding in enumerate(findings):
         if finding.kind is FindingKind.VESSEL and (
             centre_hu is None or centre_hu[i] < vessel_min_hu
         ):
-            seen: set[int] = set()
-            for other in vessels:
-                if _axial(finding, other) < max(
-                    _VESSEL_REACH_MM, 0.5 * max(finding.size_mm, other.size_mm)
-                ):
-                    seen.update(other.planes)
-            if 2 * len(seen) < examined_planes:
+            pieces = [v for v in vessels if _one_vessel(finding, v, finding.size_mm, v.size_mm)]
+            seen = {plane for piece in pieces for plane in piece.planes}
+            if not _runs_through(len(seen), examined_planes):
                 finding = dataclasses.replace(finding, kind=FindingKind.LESION)
         out.append(finding)
     return out

@@ -454,25 +454,26 @@ def _segment_lps(crop: Any, frame: float, segment: Segment) -> Segment3:
     return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
 
 
+def _nearest_voxel(volume: Volume, center: Sequence[float]) -> tuple[int, int, int]:
+    """(slice, row, column) of the voxel nearest to ``center``, clamped into the volume."""
+    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
+    k, r, c = (
+        int(min(n - 1, max(0, round(float(i))))) for i, n in zip(index, volume.shape, strict=True)
+    )
+    return k, r, c
+
+
 def _source_slice(volume: Volume, center: Sequence[float]) -> int:
     """The source slice nearest to ``center`` (for the SOP instance the finding refers to)."""
-    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
-    return int(min(volume.shape[0] - 1, max(0, round(float(index[0])))))
+    return _nearest_voxel(volume, center)[0]
 
 
 def _centre_hu(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> float:
     """Median voxel value (HU for CT) in the square of half-side ``radius_mm`` around
     ``center`` on its nearest source slice (the centre voxel alone when the pixels are larger
     than that); a centre outside the slice takes the nearest edge voxels."""
-    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
-    k, r, c = (float(v) for v in index)
-    k = min(volume.shape[0] - 1, max(0, round(k)))
-    rows = max(0, round(radius_mm / volume.geometry.row_spacing))
-    columns = max(0, round(radius_mm / volume.geometry.column_spacing))
-    r0, c0 = min(volume.shape[1] - 1, max(0, round(r))), min(volume.shape[2] - 1, max(0, round(c)))
-    patch = volume.voxels[
-        k,
-        max(0, r0 - rows) : r0 + rows + 1,
-        max(0, c0 - columns) : c0 + columns + 1,
-    ]
+    k, r, c = _nearest_voxel(volume, center)
+    rows = round(radius_mm / volume.geometry.row_spacing)
+    columns = round(radius_mm / volume.geometry.column_spacing)
+    patch = volume.voxels[k, max(0, r - rows) : r + rows + 1, max(0, c - columns) : c + columns + 1]
     return float(np.median(patch))

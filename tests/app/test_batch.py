@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner, Result
 
-from app.batch import BatchOptions, inference_threads, run_batch
+from app.batch import BatchOptions, run_batch
 from app.batch_report import report_paths
 from app.cli import app
 from db.engine import Store, open_store
@@ -60,17 +60,12 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture(scope="module")
-def measurer() -> Iterator[Any]:
-    """The demo model, with the inference threads the batch command would give it."""
-    import torch
-
+def measurer() -> Any:
+    """The demo model (run_batch gives it the CPUs the loaders leave)."""
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.pipeline import CheckpointMeasurer
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(inference_threads(1))
-    yield CheckpointMeasurer.load(default_checkpoint())
-    torch.set_num_threads(threads)
+    return CheckpointMeasurer.load(default_checkpoint())
 
 
 def _batch(root: Path, store: Store, work: Path, *options: str, verbose: bool = False) -> Result:
@@ -330,6 +325,33 @@ def test_a_series_that_fails_to_load_gives_way_to_the_next(
     assert [r["path"] for r in report["skipped"]] == [
         str(tmp_path / "tree/study/phantom_0000/truth.json")
     ]
+
+
+def test_inference_gets_the_cpus_the_loaders_leave_and_the_threads_are_restored(
+    tmp_path: Path, sqlite_store: Store, measurer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    _study_with_two_series(tmp_path / "tree", seed=8)
+    seen: list[int] = []
+    measure = measurer.measure
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(measurer, "measure", counting)
+    monkeypatch.setattr("app.batch.usable_cpus", lambda: 3)  # as if under taskset -c 0-2
+    before = torch.get_num_threads()
+    options = BatchOptions(
+        root=tmp_path / "tree",
+        work_dir=tmp_path / "work",
+        rules=SelectionRules(min_slices=5),
+        workers=1,
+    )
+    assert run_batch(options, store=sqlite_store, measurer=measurer).stored == 1
+    assert seen == [2]  # 3 CPUs, 1 loader
+    assert torch.get_num_threads() == before
 
 
 def test_all_series_in_one_transaction_and_loading_in_this_process(
