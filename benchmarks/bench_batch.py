@@ -45,14 +45,7 @@ from _machine import load, machine
 from ingestion.phantoms import PhantomSpec, write_phantoms
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SMALL = PhantomSpec(
-    matrix_size=(128, 128),
-    slice_spacings_mm=(1.0, 1.25, 2.0, 2.5, 3.0),
-    slice_count=(20, 24),
-    lesion_long_axis_mm=(8.0, 25.0),
-    vessel_diameter_mm=(10.0, 20.0),
-    fat_thickness_mm=(5.0, 10.0),
-)
+SMALL = PhantomSpec.small()
 
 
 def _tree(data: Path, n: int, spec: str) -> Path:

@@ -25,14 +25,7 @@ from db.models import Run, Series, Study
 from ingestion.phantoms import PhantomSpec, write_phantoms
 
 # small phantoms for tests about the batch machinery (the model still runs on them)
-SMALL = PhantomSpec(
-    matrix_size=(128, 128),
-    slice_spacings_mm=(1.0, 1.25, 2.0, 2.5, 3.0),  # every other slice is still <= 7.5 mm apart
-    slice_count=(20, 24),
-    lesion_long_axis_mm=(8.0, 25.0),
-    vessel_diameter_mm=(10.0, 20.0),
-    fat_thickness_mm=(5.0, 10.0),
-)
+SMALL = PhantomSpec.small()
 
 
 @dataclass

@@ -116,6 +116,20 @@ class PhantomSpec:
             raise ValueError(f"vessel_probability must be in [0, 1], got {probability!r}")
         object.__setattr__(self, "vessel_probability", probability)
 
+    @classmethod
+    def small(cls) -> PhantomSpec:
+        """A quick variant for tests and quick benchmarks: 128 x 128 pixels, 20-24 slices at
+        1-3 mm (every other slice is still <= 7.5 mm apart), lesions 8-25 mm, vessels 10-20 mm,
+        fat 5-10 mm; everything else as the spec."""
+        return cls(
+            matrix_size=(128, 128),
+            slice_spacings_mm=(1.0, 1.25, 2.0, 2.5, 3.0),
+            slice_count=(20, 24),
+            lesion_long_axis_mm=(8.0, 25.0),
+            vessel_diameter_mm=(10.0, 20.0),
+            fat_thickness_mm=(5.0, 10.0),
+        )
+
     def to_json(self) -> dict[str, object]:
         """The spec as a JSON-ready dict (tuples become lists)."""
         out: dict[str, object] = {}

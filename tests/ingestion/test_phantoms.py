@@ -655,3 +655,18 @@ def test_cli_writes_studies(tmp_path: Path) -> None:
         assert (study / "truth.json").is_file() and (study / "image.nii.gz").is_file()
         assert any((study / "dicom").glob("*.dcm"))
     assert "Wrote 2 studies" in result.stdout
+
+
+def test_the_small_spec_stays_inside_the_spec_except_where_it_says() -> None:
+    small, spec = PhantomSpec.small(), PhantomSpec()
+    changed = {k for k, v in small.to_json().items() if spec.to_json()[k] != v}
+    assert changed == {
+        "matrix_size",
+        "slice_spacings_mm",
+        "slice_count",
+        "lesion_long_axis_mm",
+        "vessel_diameter_mm",
+        "fat_thickness_mm",
+    }
+    phantom = generate_phantom(3, small)
+    assert phantom.hu.shape[1:] == (128, 128) and 20 <= phantom.hu.shape[0] <= 24
