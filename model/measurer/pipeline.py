@@ -24,6 +24,11 @@
    along z, a lesion inside a larger one's cross-section, or inside a vessel that runs through
    the study or with a contrast-filled centre); the axes are drawn again on the measured crop.
 
+Both HU rules read "contrast-filled" as a centre median of at least
+:attr:`InferenceOptions.vessel_min_hu` (the phantom spec's 150 HU: contrast CT); for studies
+without contrast, switch them off (``short_vessels_as_lesions`` and
+``contrast_filled_lesions_in_vessels``) or set the threshold.
+
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
 
@@ -44,7 +49,7 @@ from ingestion.errors import ModelError
 from ingestion.volume import Modality, Volume
 from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
-from model.measurer.consolidate import consolidate, short_vessels_as_lesions
+from model.measurer.consolidate import VESSEL_MIN_HU, consolidate, short_vessels_as_lesions
 from model.measurer.data import axes_example, measure_example, point_example
 from model.measurer.find import FindExample, plane_images, prepare_for_find
 from model.measurer.grouping import (
@@ -110,6 +115,9 @@ class InferenceOptions:
     consolidate: bool = True  # one report per vessel and per lesion (model.measurer.consolidate)
     # a "vessel" seen on < half the planes, not contrast-filled, is a lesion (consolidate module)
     short_vessels_as_lesions: bool = True
+    # a contrast-filled "lesion" inside a vessel is a piece of it (consolidate module)
+    contrast_filled_lesions_in_vessels: bool = True
+    vessel_min_hu: float = VESSEL_MIN_HU  # "contrast-filled" for both rules above
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
@@ -189,13 +197,16 @@ class CheckpointMeasurer:
         if self.options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
-        if self.options.short_vessels_as_lesions:
+        options = self.options
+        if options.short_vessels_as_lesions:
             hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
-            grouped = short_vessels_as_lesions(grouped, examined, hu)
+            grouped = short_vessels_as_lesions(grouped, examined, hu, options.vessel_min_hu)
         grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
-        if self.options.consolidate:
-            hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
-            keep = consolidate(grouped, outcomes, examined, hu)
+        if options.consolidate:
+            filled = None
+            if options.contrast_filled_lesions_in_vessels:
+                filled = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
+            keep = consolidate(grouped, outcomes, examined, filled, options.vessel_min_hu)
             grouped, outcomes = [grouped[i] for i in keep], [outcomes[i] for i in keep]
         axes = self._axes(volume, grouped, warnings)
         findings = [

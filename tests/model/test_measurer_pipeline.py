@@ -228,3 +228,58 @@ def test_centre_hu_is_the_object_s_hu_at_its_centre() -> None:
     assert checked >= 8
     # outside the volume's rows and columns the nearest edge voxels are used, not an error
     assert np.isfinite(_centre_hu(volume, (1e4, 1e4, 0.0)))
+
+
+@pytest.mark.parametrize(
+    ("options", "kept"),
+    [
+        ({}, ["vessel"]),  # the "lesion" inside the vessel is contrast-filled: a piece of it
+        ({"contrast_filled_lesions_in_vessels": False}, ["lesion", "vessel"]),
+        # 250 HU is below this threshold for both rules: the short "vessel" is a lesion too,
+        # and the two are one lesion
+        ({"vessel_min_hu": 260.0}, ["lesion"]),
+    ],
+)
+def test_the_contrast_filled_rule_has_its_own_switch_and_threshold(
+    tiny: CheckpointMeasurer,
+    volume: Volume,
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, object],
+    kept: list[str],
+) -> None:
+    """The wiring of InferenceOptions into the consolidation (find, measuring and the centres'
+    HU are fixed here; the rule itself is tested in test_measurer_consolidate): a vessel seen
+    on 10 of 40 planes, a 250 HU "lesion" inside it."""
+    from model.measurer import pipeline
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.inference import MeasureOutcome
+    from model.measurer.results import FindingKind, Measurement, MeasurementName
+
+    vessel = GroupedFinding(FindingKind.VESSEL, (0.0, 0.0, -100.0), tuple(range(10)), 30.0)
+    lesion = GroupedFinding(FindingKind.LESION, (4.0, 0.0, -100.0), (4, 5), 20.0)
+    measured = {
+        FindingKind.VESSEL: MeasureOutcome(
+            (Measurement(MeasurementName.DIAMETER, 30.0),), "", True
+        ),
+        FindingKind.LESION: MeasureOutcome(
+            (
+                Measurement(MeasurementName.LONG_AXIS, 20.0),
+                Measurement(MeasurementName.SHORT_AXIS, 15.0),
+            ),
+            "",
+            True,
+        ),
+    }
+    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40))
+    monkeypatch.setattr(
+        tiny, "_measure", lambda v, grouped, s, w: (grouped, [measured[g.kind] for g in grouped])
+    )
+    monkeypatch.setattr(tiny, "_axes", lambda v, grouped, w: [None] * len(grouped))
+    monkeypatch.setattr(pipeline, "_centre_hu", lambda volume, centre: 250.0)
+    monkeypatch.setattr(
+        tiny,
+        "options",
+        pipeline.InferenceOptions(verify=False, recentre=False, **options),  # type: ignore[arg-type]
+    )
+    result = tiny.measure(volume, source="test")
+    assert sorted(f.kind.value for f in result.findings) == kept
