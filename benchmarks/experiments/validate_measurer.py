@@ -1,0 +1,47 @@
+"""Exploratory (issue 5): a checkpoint on validation phantoms, lesion recall by size.
+
+Prints lesion recall (>= 10 mm, and by long axis 10-20 / 20-30 / >= 30 mm), false findings per
+study, vessel recall, MAE and seconds per study, for the studies under DATA (written with
+``radcaliper phantoms`` or ``ingestion.phantoms.write_phantoms``; use run seeds that are neither
+training, calibration nor evaluation seeds, e.g. 5555 and 6666). ``OPTS`` (environment, JSON)
+sets ``InferenceOptions`` fields, e.g. ``OPTS='{"verify": false}'``.
+
+Usage: python benchmarks/experiments/validate_measurer.py CHECKPOINT DATA [THREADS]
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from model.measurer.evaluate import evaluate, summarize
+from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
+from model.measurer.pool import FolderSource
+
+torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+options = InferenceOptions(**json.loads(os.environ.get("OPTS", "{}")))
+measurer = CheckpointMeasurer.load(sys.argv[1], options=options)
+source = FolderSource(Path(sys.argv[2]))
+evaluation = evaluate(measurer, (source.study(i) for i in range(len(source.folders))))
+e = summarize(evaluation.outcomes)
+bins = {"10-20": [0, 0], "20-30": [0, 0], ">=30": [0, 0]}
+for outcome in evaluation.outcomes:
+    found = {t for t, _ in outcome.matches}
+    for i, truth in enumerate(outcome.truth):
+        size = truth.long_axis_mm or 0.0
+        if truth.kind == "lesion" and size >= 10:
+            key = "10-20" if size < 20 else "20-30" if size < 30 else ">=30"
+            bins[key][0] += 1
+            bins[key][1] += i in found
+print(
+    f"{sys.argv[1]} on {sys.argv[2]} {os.environ.get('OPTS', '')}: lesion recall "
+    f"{e.lesions_10mm_found}/{e.lesions_10mm} = {e.lesion_recall:.3f} ("
+    + ", ".join(f"{k} mm {v[1]}/{v[0]}" for k, v in bins.items())
+    + f"); false {e.false_per_study:.3f} per study; vessels {e.vessels_found}/{e.vessels} = "
+    f"{e.vessel_recall:.3f}; MAE "
+    + " / ".join(f"{k} {v:.2f}" for k, v in sorted(e.mae_mm.items()))
+    + f" mm; {e.seconds_median:.2f} s per study; {e.malformed_find_answers} malformed find answers"
+)
