@@ -8,7 +8,11 @@
    examined plane (planes at least :attr:`InferenceOptions.find_plane_mm` apart), batched;
    a malformed answer drops that plane's boxes and is counted in the result's warnings;
 3. joins the boxes into findings (``model.measurer.grouping``);
-4. confirms the candidates with the point task where the checkpoint asks for it;
+4. confirms the candidates with the point task where the checkpoint asks for it; with
+   :attr:`InferenceOptions.verify_neighbours` (off by default), a candidate the point task sees
+   nothing at is asked again one find token away (8 places) and moves to the first place where
+   the point task sees its kind (a find step trained at a new scale put some boxes exactly
+   one merged token off);
 5. re-centres each finding in the axial plane on the middle of its long axis (or diameter), as
    the axes task draws it on a crop at the grouped centre (the find step's boxes are coarse:
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
@@ -110,6 +114,8 @@ class InferenceOptions:
     find_batch: int = 64
     measure_batch: int = 16
     verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
+    # where the point task sees nothing at a candidate, also ask one find token away (8 places)
+    verify_neighbours: bool = False
     recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
     lesion_planes: int = 6  # examined planes on either side where a lesion is also measured
     consolidate: bool = True  # one report per vessel and per lesion (model.measurer.consolidate)
@@ -401,7 +407,8 @@ class CheckpointMeasurer:
             return []
         inputs = self.loaded.settings.measure_inputs
         kept = []
-        dropped = malformed = 0
+        unseen = []
+        malformed = 0
         batch = self.options.measure_batch
         for start in range(0, len(grouped), batch):
             chunk = grouped[start : start + batch]
@@ -412,13 +419,55 @@ class CheckpointMeasurer:
                     malformed += 1
                     kept.append(candidate)  # no answer is no evidence against it
                 elif parsed.kind is None:
-                    dropped += 1
+                    unseen.append(candidate)
                 else:
                     kept.append(dataclasses.replace(candidate, kind=parsed.kind))
+        dropped = len(unseen)
+        if self.options.verify_neighbours and unseen:
+            moved = self._verify_neighbours(volume, unseen)
+            kept.extend(moved)
+            dropped -= len(moved)
         if malformed:
             warnings.append(f"{malformed} of {len(grouped)} point answers were malformed")
         logger.debug("verification dropped %d of %d candidates", dropped, len(grouped))
         return kept
+
+    def _verify_neighbours(self, volume: Volume, unseen: Sequence[Any]) -> list[Any]:
+        """Candidates the point task saw nothing at, moved to the first of the 8 places one find
+        token away (a merged token of the find image: the find step's boxes are sometimes off
+        by exactly one) where it sees a finding, with its kind; those seen nowhere are left out.
+        Only the count of what was found matters to the caller, so order is not kept."""
+        vision: Any = self.loaded.model.config.vision_config
+        token_px = int(vision.patch_size) * int(vision.spatial_merge_size)
+        step = token_px * self.loaded.settings.find_inputs.pixel_mm
+        offsets = [(dx, dy) for dx in (-step, 0.0, step) for dy in (-step, 0.0, step)]
+        offsets = sorted(
+            (o for o in offsets if o != (0.0, 0.0)), key=lambda o: abs(o[0]) + abs(o[1])
+        )
+        inputs = self.loaded.settings.measure_inputs
+        places = [
+            (candidate, (x + dx, y + dy, z))
+            for candidate in unseen
+            for x, y, z in [candidate.center_lps_mm]
+            for dx, dy in offsets
+        ]
+        texts: list[str] = []
+        batch = self.options.measure_batch
+        for start in range(0, len(places), batch):
+            chunk = places[start : start + batch]
+            texts += self._generate([point_example(volume, c, inputs) for _, c in chunk], 16)
+        moved = []
+        for k, candidate in enumerate(unseen):
+            for (_, centre), text in zip(
+                places[8 * k : 8 * k + 8], texts[8 * k : 8 * k + 8], strict=True
+            ):
+                parsed = parse_point(text)
+                if parsed.success and parsed.kind is candidate.kind:
+                    moved.append(
+                        dataclasses.replace(candidate, kind=parsed.kind, center_lps_mm=centre)
+                    )
+                    break
+        return moved
 
     def _axes(
         self, volume: Volume, grouped: Sequence[Any], warnings: list[str]

@@ -283,3 +283,40 @@ def test_the_contrast_filled_rule_has_its_own_switch_and_threshold(
     )
     result = tiny.measure(volume, source="test")
     assert sorted(f.kind.value for f in result.findings) == kept
+
+
+def test_the_neighbour_search_moves_an_unseen_candidate_one_find_token(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logic around the point answers (answers fixed here; the test is not about them): a
+    candidate the point task sees nothing at is asked again at the 8 places one find token
+    away, side neighbours first, and moves to the first where the task sees its own kind;
+    one whose neighbours show only another kind is dropped; without the option both are."""
+    from model.measurer import pipeline
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.results import FindingKind
+
+    candidates = [
+        GroupedFinding(FindingKind.VESSEL, (0.0, 0.0, -100.0), (0, 1), 20.0),
+        GroupedFinding(FindingKind.LESION, (50.0, 0.0, -100.0), (0, 1), 20.0),
+    ]
+    asked: list[int] = []
+
+    def answers(examples: list[object], limit: int) -> list[str]:
+        asked.append(len(examples))
+        if len(asked) == 1:
+            return ["none", "none"]
+        # the vessel's 8 places (the second sees it), then the lesion's (a vessel everywhere)
+        return (["none", "vessel 20 mm"] + ["none"] * 6 + ["vessel 20 mm"] * 8)[: len(examples)]
+
+    monkeypatch.setattr(tiny, "_generate", answers)
+    monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions(verify_neighbours=True))
+    kept = tiny._verify(volume, candidates, [])
+    vision = tiny.loaded.model.config.vision_config
+    step = vision.patch_size * vision.spatial_merge_size * tiny.loaded.settings.find_inputs.pixel_mm
+    # places in order: (-step, 0), (0, -step), ...: the second is (x, y - step)
+    assert [(k.kind, k.center_lps_mm) for k in kept] == [(FindingKind.VESSEL, (0.0, -step, -100.0))]
+    assert sum(asked) == 2 + 16
+    asked.clear()
+    monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions())
+    assert tiny._verify(volume, candidates, []) == [] and asked == [2]
