@@ -62,6 +62,7 @@ from model.measurer.grouping import (
     merge_duplicates,
     plane_detections,
 )
+from model.measurer.images import SIDE_MULTIPLE
 from model.measurer.inference import (
     MeasureOutcome,
     generate_texts,
@@ -126,6 +127,13 @@ class InferenceOptions:
     vessel_min_hu: float = VESSEL_MIN_HU  # "contrast-filled" for both rules above
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.vessel_min_hu) and self.vessel_min_hu > -1000.0):
+            raise ValueError(
+                f"vessel_min_hu must be a finite HU value above air (-1000), got "
+                f"{self.vessel_min_hu!r}"
+            )
 
 
 class CheckpointMeasurer:
@@ -194,16 +202,21 @@ class CheckpointMeasurer:
         """All findings of ``volume`` (module doc)."""
         self._check(volume)
         warnings: list[str] = []
+        if self.loaded.settings.calibration is None:
+            warnings.append(
+                f"{self.info.name} {self.info.version} is not calibrated: its values have no "
+                "ranges; run 'radcaliper calibrate' on the checkpoint before using them"
+            )
         grouped, plane_spacing, examined = self._find(volume, warnings)
-        verify = self.options.verify
+        options = self.options
+        verify = options.verify
         if verify is None:
             verify = self.loaded.settings.verify_candidates
         if verify:
             grouped = self._verify(volume, grouped, warnings)
-        if self.options.recentre:
+        if options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
-            grouped = merge_duplicates(grouped, plane_spacing, self.options.grouping)
-        options = self.options
+            grouped = merge_duplicates(grouped, plane_spacing, options.grouping)
         if options.short_vessels_as_lesions:
             hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
             grouped = short_vessels_as_lesions(grouped, examined, hu, options.vessel_min_hu)
@@ -434,38 +447,34 @@ class CheckpointMeasurer:
 
     def _verify_neighbours(self, volume: Volume, unseen: Sequence[Any]) -> list[Any]:
         """Candidates the point task saw nothing at, moved to the first of the 8 places one find
-        token away (a merged token of the find image: the find step's boxes are sometimes off
-        by exactly one) where it sees a finding, with its kind; those seen nowhere are left out.
-        Only the count of what was found matters to the caller, so order is not kept."""
-        vision: Any = self.loaded.model.config.vision_config
-        token_px = int(vision.patch_size) * int(vision.spatial_merge_size)
-        step = token_px * self.loaded.settings.find_inputs.pixel_mm
-        offsets = [(dx, dy) for dx in (-step, 0.0, step) for dy in (-step, 0.0, step)]
+        token away (``SIDE_MULTIPLE`` find pixels: the find step's boxes are sometimes off by
+        exactly one merged token), side neighbours first, where it sees the candidate's kind;
+        those seen nowhere are left out. Order is not kept."""
+        step = SIDE_MULTIPLE * self.loaded.settings.find_inputs.pixel_mm
         offsets = sorted(
-            (o for o in offsets if o != (0.0, 0.0)), key=lambda o: abs(o[0]) + abs(o[1])
+            ((dx, dy) for dx in (-step, 0.0, step) for dy in (-step, 0.0, step) if dx or dy),
+            key=lambda o: abs(o[0]) + abs(o[1]),
         )
-        inputs = self.loaded.settings.measure_inputs
-        places = [
-            (candidate, (x + dx, y + dy, z))
-            for candidate in unseen
-            for x, y, z in [candidate.center_lps_mm]
+        centres = [
+            (x + dx, y + dy, z)
+            for x, y, z in (c.center_lps_mm for c in unseen)
             for dx, dy in offsets
         ]
+        inputs = self.loaded.settings.measure_inputs
         texts: list[str] = []
         batch = self.options.measure_batch
-        for start in range(0, len(places), batch):
-            chunk = places[start : start + batch]
-            texts += self._generate([point_example(volume, c, inputs) for _, c in chunk], 16)
+        for start in range(0, len(centres), batch):
+            chunk = centres[start : start + batch]
+            texts += self._generate([point_example(volume, c, inputs) for c in chunk], 16)
+        n = len(offsets)
         moved = []
         for k, candidate in enumerate(unseen):
-            for (_, centre), text in zip(
-                places[8 * k : 8 * k + 8], texts[8 * k : 8 * k + 8], strict=True
+            for centre, text in zip(
+                centres[n * k : n * (k + 1)], texts[n * k : n * (k + 1)], strict=True
             ):
                 parsed = parse_point(text)
                 if parsed.success and parsed.kind is candidate.kind:
-                    moved.append(
-                        dataclasses.replace(candidate, kind=parsed.kind, center_lps_mm=centre)
-                    )
+                    moved.append(dataclasses.replace(candidate, center_lps_mm=centre))
                     break
         return moved
 

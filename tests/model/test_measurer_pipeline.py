@@ -45,7 +45,12 @@ def test_it_is_a_measurer_that_names_its_model(tiny: CheckpointMeasurer, volume:
     assert result.study_instance_uid == volume.identifiers.study_instance_uid
     assert result.source == "phantom.dcm"
     assert [f.id for f in result.findings] == list(range(1, len(result.findings) + 1))
-    for warning in result.warnings:  # an untrained model's malformed answers are counted
+    # the tiny checkpoint was never calibrated: said first, as its values have no ranges
+    assert tiny.loaded.settings.calibration is None
+    assert (
+        "is not calibrated" in result.warnings[0] and "radcaliper calibrate" in result.warnings[0]
+    )
+    for warning in result.warnings[1:]:  # an untrained model's malformed answers are counted
         assert "malformed" in warning and " of " in warning
     for finding in result.findings:
         for m in finding.measurements:
@@ -115,6 +120,7 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
     and 0.14 mm; 0.2.4: 6/15, 5/5, 3 false)."""
     measurer = CheckpointMeasurer.load(DEMO)
     assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
+    assert measurer.loaded.settings.calibration is not None  # shipped calibrated
     source = PhantomSource(4242)
     found = {"lesion": 0, "vessel": 0}
     total = {"lesion": 0, "vessel": 0}
@@ -312,11 +318,20 @@ def test_the_neighbour_search_moves_an_unseen_candidate_one_find_token(
     monkeypatch.setattr(tiny, "_generate", answers)
     monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions(verify_neighbours=True))
     kept = tiny._verify(volume, candidates, [])
-    vision = tiny.loaded.model.config.vision_config
-    step = vision.patch_size * vision.spatial_merge_size * tiny.loaded.settings.find_inputs.pixel_mm
+    from model.measurer.images import SIDE_MULTIPLE
+
+    step = SIDE_MULTIPLE * tiny.loaded.settings.find_inputs.pixel_mm  # one merged find token
     # places in order: (-step, 0), (0, -step), ...: the second is (x, y - step)
     assert [(k.kind, k.center_lps_mm) for k in kept] == [(FindingKind.VESSEL, (0.0, -step, -100.0))]
     assert sum(asked) == 2 + 16
     asked.clear()
     monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions())
     assert tiny._verify(volume, candidates, []) == [] and asked == [2]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -2000.0])
+def test_a_vessel_threshold_that_is_no_hu_value_is_refused(value: float) -> None:
+    from model.measurer.pipeline import InferenceOptions
+
+    with pytest.raises(ValueError, match="vessel_min_hu"):
+        InferenceOptions(vessel_min_hu=value)
