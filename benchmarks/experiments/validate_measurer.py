@@ -4,7 +4,8 @@ Prints lesion recall (>= 10 mm, and by long axis 10-20 / 20-30 / >= 30 mm), fals
 study, vessel recall, MAE and seconds per study, for the studies under DATA (written with
 ``radcaliper phantoms`` or ``ingestion.phantoms.write_phantoms``; use run seeds that are neither
 training, calibration nor evaluation seeds, e.g. 5555 and 6666). ``OPTS`` (environment, JSON)
-sets ``InferenceOptions`` fields, e.g. ``OPTS='{"verify": false}'``.
+sets ``InferenceOptions`` fields, e.g. ``OPTS='{"verify": false}'`` or
+``OPTS='{"find_voting": {"shifts": [[0, 0], [14, 14]], "votes": 2}}'``.
 
 Usage: python benchmarks/experiments/validate_measurer.py CHECKPOINT DATA [THREADS]
 """
@@ -20,9 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model.measurer.evaluate import evaluate, summarize
 from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
 from model.measurer.pool import FolderSource
+from model.measurer.voting import FindVoting
 
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
-options = InferenceOptions(**json.loads(os.environ.get("OPTS", "{}")))
+fields = json.loads(os.environ.get("OPTS", "{}"))
+if "find_voting" in fields:
+    fields["find_voting"] = FindVoting.from_json(fields["find_voting"])
+options = InferenceOptions(**fields)
 measurer = CheckpointMeasurer.load(sys.argv[1], options=options)
 source = FolderSource(Path(sys.argv[2]))
 evaluation = evaluate(measurer, (source.study(i) for i in range(len(source.folders))))

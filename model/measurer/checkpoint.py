@@ -26,6 +26,7 @@ from ingestion.errors import ModelError
 from model.measurer.calibration import Calibration
 from model.measurer.data import MeasureInputs
 from model.measurer.find import FindInputs
+from model.measurer.voting import FindVoting
 
 if TYPE_CHECKING:
     from torch import nn
@@ -73,6 +74,7 @@ class MeasurerSettings:
     find_inputs: FindInputs = field(default_factory=FindInputs)
     tasks: tuple[str, ...] = ("find", "measure", "point")  # what the model was trained on
     verify_candidates: bool = False  # confirm each found finding with the point task
+    find_voting: FindVoting = field(default_factory=FindVoting)  # shifted find passes (voting)
     head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
     calibration: Calibration | None = None
     not_for_clinical_use: bool = True
@@ -93,6 +95,7 @@ class MeasurerSettings:
             "find_inputs": dataclasses.asdict(self.find_inputs),
             "tasks": list(self.tasks),
             "verify_candidates": self.verify_candidates,
+            "find_voting": self.find_voting.to_json(),
             "head": dict(self.head),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "not_for_clinical_use": self.not_for_clinical_use,
@@ -122,6 +125,7 @@ class MeasurerSettings:
             find_inputs=FindInputs(**find),
             tasks=tuple(data.get("tasks", ("find", "measure", "point"))),
             verify_candidates=bool(data.get("verify_candidates", False)),
+            find_voting=FindVoting.from_json(data.get("find_voting", FindVoting().to_json())),
             head=dict(data.get("head", {})),
             calibration=None if calibration is None else Calibration.from_json(calibration),
             not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),

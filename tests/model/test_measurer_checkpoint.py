@@ -25,6 +25,7 @@ from model.measurer.checkpoint import (
 )
 from model.measurer.data import MeasureInputs, collate, encode_example, phantom_examples
 from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.measurer.voting import FindVoting
 from model.numeric.hf import NumericLM
 
 INPUTS = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=0.0)
@@ -47,6 +48,7 @@ def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
         measure_inputs=INPUTS,
         head={} if head is None else options,
         calibration=fit_calibration(pairs),
+        find_voting=FindVoting.half_token(votes=2),
         training={"seed": 0},
     )
     save_checkpoint(tmp_path, model, head, tokenizer, settings)
@@ -67,6 +69,15 @@ def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
     if head is not None and loaded.head is not None:
         assert torch.equal(head.decode(a.num_hidden), loaded.head.decode(b.num_hidden))
     assert loaded.tokenizer.encode("measure the lesion") == tokenizer.encode("measure the lesion")
+
+
+def test_settings_without_find_voting_run_one_find_pass() -> None:
+    """A radcaliper.json written before shifted find passes existed reads as one plain pass."""
+    settings = MeasurerSettings("radcaliper-test", "0.0.1", NumericMode.RNED_CORR)
+    data = settings.to_json()
+    assert data["find_voting"] == {"shifts": [[0, 0]], "votes": 1, "keep_unaliased": False}
+    del data["find_voting"]
+    assert MeasurerSettings.from_json(data).find_voting == FindVoting()
 
 
 def test_not_a_checkpoint(tmp_path: Path) -> None:
