@@ -58,8 +58,11 @@ if TYPE_CHECKING:
         numeric_items,
     )
     from model.measurer.consolidate import (
+        AIR_MAX_HU,
         VESSEL_MIN_HU,
+        centred_in_air,
         consolidate,
+        long_lesions_as_vessels,
         short_vessels_as_lesions,
     )
     from model.measurer.data import (
@@ -215,6 +218,14 @@ if TYPE_CHECKING:
         build_default_model,
         train,
     )
+    from model.measurer.voting import (
+        FindVoting,
+        agreement_reach,
+        is_alias,
+        shift_planes,
+        unshift_findings,
+        vote_boxes,
+    )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
     "model.measurer.axes": (
@@ -263,7 +274,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "compare",
         "numeric_items",
     ),
-    "model.measurer.consolidate": ("VESSEL_MIN_HU", "consolidate", "short_vessels_as_lesions"),
+    "model.measurer.consolidate": (
+        "AIR_MAX_HU",
+        "VESSEL_MIN_HU",
+        "centred_in_air",
+        "consolidate",
+        "long_lesions_as_vessels",
+        "short_vessels_as_lesions",
+    ),
     "model.measurer.data": (
         "AxesExample",
         "Batch",
@@ -415,9 +433,18 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "build_default_model",
         "train",
     ),
+    "model.measurer.voting": (
+        "FindVoting",
+        "agreement_reach",
+        "is_alias",
+        "shift_planes",
+        "unshift_findings",
+        "vote_boxes",
+    ),
 }
 __all__ = [
     "AIR_HU",
+    "AIR_MAX_HU",
     "AXIS_NAMES",
     "BOS",
     "CHANNELS",
@@ -461,6 +488,7 @@ __all__ = [
     "FindImages",
     "FindInputs",
     "FindPlane",
+    "FindVoting",
     "FindingKind",
     "FindingPatch",
     "FolderSource",
@@ -505,6 +533,7 @@ __all__ = [
     "TrainConfig",
     "TrainingStudy",
     "add_lora",
+    "agreement_reach",
     "axes_answer",
     "axes_example",
     "axes_prompt",
@@ -516,6 +545,7 @@ __all__ = [
     "build_tokenizer",
     "calibration_pairs",
     "canonical_segment",
+    "centred_in_air",
     "checkpoint_hash",
     "collate",
     "common_items",
@@ -537,9 +567,11 @@ __all__ = [
     "generate_texts",
     "group_detections",
     "image_token_count",
+    "is_alias",
     "load_base_model",
     "load_checkpoint",
     "load_tokenizer",
+    "long_lesions_as_vessels",
     "lora_parameters",
     "match_findings",
     "measure_answer",
@@ -572,11 +604,14 @@ __all__ = [
     "save_checkpoint",
     "search_points",
     "segments_to_pixels",
+    "shift_planes",
     "short_vessels_as_lesions",
     "special_ids",
     "summarize",
     "train",
     "truth_segments",
+    "unshift_findings",
+    "vote_boxes",
     "with_values",
     "write_settings",
 ]

@@ -9,9 +9,10 @@ says objects are (``shared/design/phantom-spec.md``) and drop the extra reports:
   split along z: the piece seen on the most planes is kept (ties: the first).
 - *Lesions* are ellipsoids at least 3 mm apart, whose cranio-caudal extent is at least half
   their long axis. A lesion finding whose centre lies inside a larger one's measured
-  cross-section (axial distance below half its short axis) and within a quarter of its long
-  axis along z is the same lesion: no two lesions within the spec can be placed so. The one
-  with the longer long axis is kept.
+  cross-section (the ellipse of its measured axes; without axes, the disk of its short axis)
+  and within a quarter of its long axis along z (plus a margin for the plane search) is the
+  same lesion: no two lesions within the spec can be placed so. The one with the longer long
+  axis is kept.
 
 - *A lesion inside a vessel* (its centre within the vessel's radius: the spec keeps lesions
   3 mm off the vessel) is a piece of the vessel seen as a lesion when the vessel was found on
@@ -26,6 +27,11 @@ the examined planes, and whose centre is not contrast-filled (median below the s
 for vessels), is a lesion the find or point step called a vessel, and is measured as a lesion.
 (Coverage alone is not enough: the find step sees some true vessels on few planes, and
 relabelling those lost a tenth of the vessels on validation.)
+
+Also before measuring, :func:`long_lesions_as_vessels`: a contrast-filled "lesion" that runs
+through the study and spans along z more than one and a half times its size is a tube, not an
+ellipsoid (whose cranio-caudal extent is at most its long axis): a vessel. After measuring,
+a finding whose centre is air (:func:`centred_in_air`) is outside the body and is dropped.
 
 Where a value is "not measurable", the find step's box size stands in for it. On validation
 phantoms (demo checkpoint; runs 5555 and 6666, 70 studies) the rules took the false findings
@@ -42,13 +48,26 @@ from collections.abc import Sequence
 
 from model.measurer.grouping import GroupedFinding
 from model.measurer.inference import MeasureOutcome
-from model.measurer.results import FindingKind
+from model.measurer.results import FindingKind, Segment3
 
-__all__ = ["VESSEL_MIN_HU", "consolidate", "short_vessels_as_lesions"]
+__all__ = [
+    "AIR_MAX_HU",
+    "VESSEL_MIN_HU",
+    "centred_in_air",
+    "consolidate",
+    "long_lesions_as_vessels",
+    "short_vessels_as_lesions",
+]
 
 _VESSEL_REACH_MM = 5.0
 VESSEL_MIN_HU = 150.0
 """The phantom spec's vessels are contrast-filled, 150-300 HU."""
+_SAME_LESION_Z = 0.3
+"""Two reports of one lesion lie within this fraction of its long axis along z: a quarter (the
+spec's least cranio-caudal half-extent) and a margin for the plane search, which moves each
+report's z to the plane where it measured longest."""
+AIR_MAX_HU = -500.0
+"""A centre whose median is below this is air (-1000 HU), not tissue (fat is about -100 HU)."""
 
 
 def _value(finding: GroupedFinding, outcome: MeasureOutcome, index: int) -> float:
@@ -77,18 +96,48 @@ def _check_hu(findings: Sequence[GroupedFinding], centre_hu: Sequence[float] | N
         raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
 
 
+def _inside_lesion(
+    point: GroupedFinding,
+    lesion: GroupedFinding,
+    outcome: MeasureOutcome,
+    axes: Sequence[Segment3] | None,
+) -> bool:
+    """Whether ``point``'s centre lies inside ``lesion``'s measured axial cross-section (the
+    ellipse of its axes; without axes, the disk of its short axis) and within
+    :data:`_SAME_LESION_Z` of its long axis along z."""
+    long, short = _value(lesion, outcome, 0), _value(lesion, outcome, 1)
+    dx = point.center_lps_mm[0] - lesion.center_lps_mm[0]
+    dy = point.center_lps_mm[1] - lesion.center_lps_mm[1]
+    if abs(point.center_lps_mm[2] - lesion.center_lps_mm[2]) >= _SAME_LESION_Z * long:
+        return False
+    if not axes or long <= 0 or short <= 0:
+        return math.hypot(dx, dy) < 0.5 * short
+    (a, b) = axes[0]
+    ux, uy = b[0] - a[0], b[1] - a[1]
+    norm = math.hypot(ux, uy)
+    if norm == 0:
+        return math.hypot(dx, dy) < 0.5 * short
+    ux, uy = ux / norm, uy / norm
+    along, across = dx * ux + dy * uy, -dx * uy + dy * ux
+    return (along / (0.5 * long)) ** 2 + (across / (0.5 * short)) ** 2 < 1.0
+
+
 def consolidate(
     findings: Sequence[GroupedFinding],
     outcomes: Sequence[MeasureOutcome],
     examined_planes: int,
     centre_hu: Sequence[float] | None = None,
     vessel_min_hu: float = VESSEL_MIN_HU,
+    axes: Sequence[Sequence[Segment3] | None] | None = None,
 ) -> list[int]:
     """Indices (increasing) of the findings to report; ``outcomes`` are their measurements,
     ``examined_planes`` how many planes the find step examined, ``centre_hu`` the median HU at
-    each finding's centre (None: not used)."""
+    each finding's centre (None: not used), ``axes`` each finding's measured axes in LPS (long
+    axis first; None: the disk of the short axis stands in for a lesion's cross-section)."""
     if len(findings) != len(outcomes):
         raise ValueError(f"{len(findings)} findings but {len(outcomes)} outcomes")
+    if axes is not None and len(axes) != len(findings):
+        raise ValueError(f"{len(findings)} findings but {len(axes)} axes")
     _check_hu(findings, centre_hu)
     vessels = [i for i, f in enumerate(findings) if f.kind is FindingKind.VESSEL]
     vessels.sort(key=lambda i: -len(findings[i].planes))  # stable: ties keep their order
@@ -116,9 +165,7 @@ def consolidate(
     kept_lesions: list[int] = []
     for i in lesions:
         inside = any(
-            _axial(findings[i], findings[k]) < 0.5 * _value(findings[k], outcomes[k], 1)
-            and abs(findings[i].center_lps_mm[2] - findings[k].center_lps_mm[2])
-            < 0.25 * _value(findings[k], outcomes[k], 0)
+            _inside_lesion(findings[i], findings[k], outcomes[k], None if axes is None else axes[k])
             for k in kept_lesions
         )
         if not inside:
@@ -150,3 +197,36 @@ def short_vessels_as_lesions(
                 finding = dataclasses.replace(finding, kind=FindingKind.LESION)
         out.append(finding)
     return out
+
+
+def long_lesions_as_vessels(
+    findings: Sequence[GroupedFinding],
+    examined_planes: int,
+    plane_spacing_mm: float,
+    centre_hu: Sequence[float],
+    vessel_min_hu: float = VESSEL_MIN_HU,
+) -> list[GroupedFinding]:
+    """``findings`` with every "lesion" relabelled a vessel that runs through the study (seen
+    on at least half of the examined planes), spans along z more than one and a half times
+    its largest box side (a lesion's cranio-caudal extent is at most its long axis: this is a
+    tube), and whose centre is contrast-filled (``centre_hu`` at least ``vessel_min_hu``).
+    Order and everything else are kept."""
+    _check_hu(findings, centre_hu)
+    out = []
+    for finding, hu in zip(findings, centre_hu, strict=True):
+        if (
+            finding.kind is FindingKind.LESION
+            and hu >= vessel_min_hu
+            and _runs_through(len(finding.planes), examined_planes)
+            and (finding.planes[-1] - finding.planes[0] + 1) * plane_spacing_mm
+            > 1.5 * finding.size_mm
+        ):
+            finding = dataclasses.replace(finding, kind=FindingKind.VESSEL)
+        out.append(finding)
+    return out
+
+
+def centred_in_air(centre_hu: Sequence[float], air_max_hu: float = AIR_MAX_HU) -> list[bool]:
+    """For each finding, whether its centre is air (median below ``air_max_hu``): outside the
+    body, where no lesion or vessel of a CT lies; the pipeline drops those."""
+    return [hu < air_max_hu for hu in centre_hu]

@@ -53,9 +53,15 @@ from ingestion.errors import ModelError
 from ingestion.volume import Modality, Volume
 from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
-from model.measurer.consolidate import VESSEL_MIN_HU, consolidate, short_vessels_as_lesions
+from model.measurer.consolidate import (
+    VESSEL_MIN_HU,
+    centred_in_air,
+    consolidate,
+    long_lesions_as_vessels,
+    short_vessels_as_lesions,
+)
 from model.measurer.data import axes_example, measure_example, point_example
-from model.measurer.find import FindExample, plane_images, prepare_for_find
+from model.measurer.find import FindExample, find_frames, prepare_for_find
 from model.measurer.grouping import (
     GroupingRule,
     group_detections,
@@ -87,6 +93,7 @@ from model.measurer.tasks import (
     parse_point,
 )
 from model.measurer.tokenizer import special_ids
+from model.measurer.voting import FindVoting, shift_planes, unshift_findings, vote_boxes
 from model.numeric.hf import NumericLM
 
 __all__ = ["CheckpointMeasurer", "InferenceOptions", "SupportedRange"]
@@ -117,6 +124,8 @@ class InferenceOptions:
     verify: bool | None = None  # confirm candidates with the point task; None: as the checkpoint
     # where the point task sees nothing at a candidate, also ask one find token away (8 places)
     verify_neighbours: bool = False
+    # shifted find passes and how many must agree on a box; None: as the checkpoint says
+    find_voting: FindVoting | None = None
     recentre: bool = True  # move centres to the middle of the axes (checkpoints with the axes task)
     lesion_planes: int = 6  # examined planes on either side where a lesion is also measured
     consolidate: bool = True  # one report per vessel and per lesion (model.measurer.consolidate)
@@ -124,6 +133,9 @@ class InferenceOptions:
     short_vessels_as_lesions: bool = True
     # a contrast-filled "lesion" inside a vessel is a piece of it (consolidate module)
     contrast_filled_lesions_in_vessels: bool = True
+    # a contrast-filled "lesion" that runs through the study as a tube is a vessel (consolidate)
+    long_lesions_as_vessels: bool = True
+    drop_air_centred: bool = True  # a finding whose centre is air (< -500 HU) is dropped
     vessel_min_hu: float = VESSEL_MIN_HU  # "contrast-filled" for both rules above
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
@@ -217,17 +229,26 @@ class CheckpointMeasurer:
         if options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, options.grouping)
-        if options.short_vessels_as_lesions:
+        if options.short_vessels_as_lesions or options.long_lesions_as_vessels:
             hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
-            grouped = short_vessels_as_lesions(grouped, examined, hu, options.vessel_min_hu)
+            if options.short_vessels_as_lesions:
+                grouped = short_vessels_as_lesions(grouped, examined, hu, options.vessel_min_hu)
+            if options.long_lesions_as_vessels:
+                grouped = long_lesions_as_vessels(
+                    grouped, examined, plane_spacing, hu, options.vessel_min_hu
+                )
         grouped, outcomes = self._measure(volume, grouped, plane_spacing, warnings)
-        if options.consolidate:
-            filled = None
-            if options.contrast_filled_lesions_in_vessels:
-                filled = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
-            keep = consolidate(grouped, outcomes, examined, filled, options.vessel_min_hu)
-            grouped, outcomes = [grouped[i] for i in keep], [outcomes[i] for i in keep]
+        hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]  # centres moved
+        if options.drop_air_centred:
+            keep = [i for i, air in enumerate(centred_in_air(hu)) if not air]
+            grouped = [grouped[i] for i in keep]
+            outcomes, hu = [outcomes[i] for i in keep], [hu[i] for i in keep]
         axes = self._axes(volume, grouped, warnings)
+        if options.consolidate:
+            filled = hu if options.contrast_filled_lesions_in_vessels else None
+            keep = consolidate(grouped, outcomes, examined, filled, options.vessel_min_hu, axes)
+            grouped = [grouped[i] for i in keep]
+            outcomes, axes = [outcomes[i] for i in keep], [axes[i] for i in keep]
         findings = [
             StudyFinding(
                 0,
@@ -328,27 +349,40 @@ class CheckpointMeasurer:
         native = prepared.geometry.slice_spacing
         stride = max(1, round(self.options.find_plane_mm / native))
         planes = list(range(0, prepared.shape[0], stride))
-        images = plane_images(prepared, inputs)  # (S, 2, 3, H, W)
+        voting = self.options.find_voting or self.loaded.settings.find_voting
+        windows = prepared.image[:, planes].transpose(0, 1)  # (P, 2, H, W)
         prompt = find_prompt(1)
-        examples = [FindExample(images[k], prompt, None) for k in planes]
-        answers: list[Sequence[FoundFinding]] = []
+        limit = MAX_FIND_TOKENS if self.lm.numeric_head is not None else MAX_FIND_TOKENS_DIGITS
+        passes: list[list[list[FoundFinding]]] = []
         malformed = 0
-        batch = self.options.find_batch
-        for start in range(0, len(examples), batch):
-            limit = MAX_FIND_TOKENS if self.lm.numeric_head is not None else MAX_FIND_TOKENS_DIGITS
-            texts = self._generate(examples[start : start + batch], limit)
-            for text in texts:
-                parsed = parse_find(text, num_images=1)
-                if not parsed.success:
-                    malformed += 1
-                    logger.debug("malformed find answer: %s", parsed.reason)
-                answers.append(parsed.findings if parsed.success else ())
+        for rows, columns in voting.shifts:
+            images = find_frames(shift_planes(windows, rows, columns), inputs)  # (P, 2, 3, H, W)
+            examples = [FindExample(image, prompt, None) for image in images]
+            answers: list[list[FoundFinding]] = []
+            for start in range(0, len(examples), self.options.find_batch):
+                texts = self._generate(examples[start : start + self.options.find_batch], limit)
+                for text in texts:
+                    parsed = parse_find(text, num_images=1)
+                    if not parsed.success:
+                        malformed += 1
+                        logger.debug("malformed find answer: %s", parsed.reason)
+                    found = parsed.findings if parsed.success else ()
+                    answers.append(unshift_findings(found, rows, columns))
+            passes.append(answers)
+        total = len(planes) * len(voting.shifts)
         if malformed:
             warnings.append(
-                f"{malformed} of {len(examples)} find answers were malformed; their planes were "
-                "not searched"
+                f"{malformed} of {total} find answers were malformed; their planes were "
+                "not searched" + (" in those passes" if len(voting.shifts) > 1 else "")
             )
-            logger.warning("%d of %d find answers were malformed", malformed, len(examples))
+            logger.warning("%d of %d find answers were malformed", malformed, total)
+        if voting.single:
+            answers = passes[0]
+        else:
+            answers = [
+                vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
+                for per_plane in zip(*passes, strict=True)
+            ]
         detections = plane_detections(answers, planes, prepared.geometry)
         spacing = native * stride
         grouped = group_detections(detections, spacing, self.options.grouping)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from model.measurer.consolidate import VESSEL_MIN_HU, consolidate, short_vessels_as_lesions
+from model.measurer.consolidate import (
+    AIR_MAX_HU,
+    VESSEL_MIN_HU,
+    centred_in_air,
+    consolidate,
+    long_lesions_as_vessels,
+    short_vessels_as_lesions,
+)
 from model.measurer.grouping import GroupedFinding
 from model.measurer.inference import MeasureOutcome
-from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement
+from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement, Segment3
 
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
 EXAMINED = 20  # planes the find step examined
@@ -66,7 +75,7 @@ def test_a_lesion_inside_a_larger_one_is_the_same_lesion() -> None:
     ("second", "why"),
     [
         ((25.0, 0.0, 0.0), "outside the cross-section (25 >= 22 mm)"),
-        ((5.0, 0.0, 20.0), "stacked along z (20 >= 58 / 4 mm)"),
+        ((5.0, 0.0, 20.0), "stacked along z (20 >= 0.3 x 58 mm)"),
     ],
 )
 def test_lesions_that_can_both_exist_are_kept(second: tuple[float, float, float], why: str) -> None:
@@ -156,4 +165,62 @@ def test_vessel_pieces_count_together() -> None:
     assert [f.kind for f in short_vessels_as_lesions([a, far], EXAMINED, [60.0, 60.0])] == [
         LESION,
         LESION,
+    ]
+
+
+def _axes_along(dx: float, dy: float, long: float, short: float) -> tuple[Segment3, ...]:
+    """Axes through the origin, the long one along (dx, dy)."""
+    n = (dx * dx + dy * dy) ** 0.5
+    ux, uy = dx / n, dy / n
+    a, b = long / 2, short / 2
+    return (
+        ((-a * ux, -a * uy, 0.0), (a * ux, a * uy, 0.0)),
+        ((b * uy, -b * ux, 0.0), (-b * uy, b * ux, 0.0)),
+    )
+
+
+def test_a_report_inside_the_measured_ellipse_is_the_same_lesion() -> None:
+    """A 40 x 12 mm lesion along x: a second report 15 mm along its long axis is inside it
+    (the disk of the short axis, 6 mm, would keep it); one 15 mm across it is another lesion."""
+    big = _found(LESION, (0.0, 0.0, 0.0))
+    along, across = _found(LESION, (15.0, 0.0, 1.0)), _found(LESION, (0.0, 15.0, 1.0))
+    outcomes = [_measured(LESION, 40.0, 12.0), _measured(LESION, 20.0, 10.0)]
+    axes = [_axes_along(1.0, 0.0, 40.0, 12.0), _axes_along(1.0, 0.0, 20.0, 10.0)]
+    assert consolidate([big, along], outcomes, EXAMINED, axes=axes) == [0]
+    assert consolidate([big, along], outcomes, EXAMINED) == [0, 1]  # no axes: the disk
+    assert consolidate([big, across], outcomes, EXAMINED, axes=axes) == [0, 1]
+    # the same along a diagonal long axis
+    diagonal = [_axes_along(1.0, 1.0, 40.0, 12.0), axes[1]]
+    on_it = _found(LESION, (10.0, 10.0, 0.0))  # 14 mm along the axis
+    assert consolidate([big, on_it], outcomes, EXAMINED, axes=diagonal) == [0]
+    off_it = _found(LESION, (10.0, -10.0, 0.0))  # 14 mm across it
+    assert consolidate([big, off_it], outcomes, EXAMINED, axes=diagonal) == [0, 1]
+    # a report stacked along z beyond 0.3 x the long axis (12 mm) is kept
+    stacked = _found(LESION, (15.0, 0.0, 13.0))
+    assert consolidate([big, stacked], outcomes, EXAMINED, axes=axes) == [0, 1]
+    with pytest.raises(ValueError, match="2 findings but 1 axes"):
+        consolidate([big, along], outcomes, EXAMINED, axes=axes[:1])
+
+
+def test_a_contrast_filled_tube_called_a_lesion_is_a_vessel() -> None:
+    tube = GroupedFinding(LESION, (0.0, 0.0, 0.0), tuple(range(20)), 25.0)  # 40 mm along z
+    lesion = GroupedFinding(LESION, (60.0, 0.0, 0.0), tuple(range(4, 12)), 25.0)
+    squat = GroupedFinding(LESION, (0.0, 60.0, 0.0), tuple(range(20)), 30.0)  # 40 < 1.5 x 30
+    out = long_lesions_as_vessels([tube, lesion, squat], EXAMINED, 2.0, [220.0, 220.0, 220.0])
+    assert [f.kind for f in out] == [VESSEL, LESION, LESION]
+    assert out[0].center_lps_mm == tube.center_lps_mm and out[0].planes == tube.planes
+    # not contrast-filled: stays a lesion
+    assert long_lesions_as_vessels([tube], EXAMINED, 2.0, [VESSEL_MIN_HU - 1])[0].kind is LESION
+    # a vessel stays a vessel
+    vessel = dataclasses.replace(tube, kind=VESSEL)
+    assert long_lesions_as_vessels([vessel], EXAMINED, 2.0, [60.0])[0].kind is VESSEL
+
+
+def test_air_centred_findings_are_flagged() -> None:
+    assert centred_in_air([-1000.0, -100.0, 40.0, AIR_MAX_HU - 1, AIR_MAX_HU]) == [
+        True,
+        False,
+        False,
+        True,
+        False,
     ]

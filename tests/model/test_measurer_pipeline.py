@@ -335,3 +335,39 @@ def test_a_vessel_threshold_that_is_no_hu_value_is_refused(value: float) -> None
 
     with pytest.raises(ValueError, match="vessel_min_hu"):
         InferenceOptions(vessel_min_hu=value)
+
+
+@pytest.mark.parametrize(("second_pass_shifted", "found"), [(True, 1), (False, 0)])
+def test_shifted_find_passes_are_shifted_back_and_voted(
+    tiny: CheckpointMeasurer,
+    volume: Volume,
+    monkeypatch: pytest.MonkeyPatch,
+    second_pass_shifted: bool,
+    found: int,
+) -> None:
+    """The wiring of FindVoting into the find step (answers fixed here; the vote itself is
+    tested in test_measurer_voting): two passes, the second with the content 14 pixels down,
+    both must agree. A model that follows the shifted content gives the same box twice, once
+    shifted back: one lesion on every plane. Boxes at the same pixels in both passes are 14
+    pixels apart once shifted back: no agreement, no candidate."""
+    from model.measurer import pipeline
+    from model.measurer.voting import FindVoting
+
+    calls: list[int] = []
+
+    def answers(examples: list[object], limit: int) -> list[str]:
+        calls.append(len(examples))
+        down = 14 if second_pass_shifted and len(calls) == 2 else 0
+        return [f"lesion box [{40 + down}, 40, {50 + down}, 50] ; end"] * len(examples)
+
+    voting = FindVoting(((0, 0), (14, 0)), votes=2)
+    monkeypatch.setattr(tiny, "_generate", answers)
+    monkeypatch.setattr(
+        tiny, "options", pipeline.InferenceOptions(find_voting=voting, find_batch=1000)
+    )
+    warnings: list[str] = []
+    grouped, _, examined = tiny._find(volume, warnings)
+    assert calls == [examined, examined]  # every examined plane, once per pass
+    assert len(grouped) == found and not warnings
+    if found:
+        assert grouped[0].kind.value == "lesion" and len(grouped[0].planes) == examined
