@@ -433,10 +433,20 @@ def background_patches(
     count: int,
     soft_hu: tuple[float, float] = (-20.0, 100.0),
     margin_mm: float = 8.0,
+    near_fraction: float = 0.0,
+    near_mm: float = 30.0,
 ) -> list[FindingPatch]:
     """Up to ``count`` patches centred on soft-tissue voxels (HU in ``soft_hu``) that lie more
     than ``margin_mm`` outside every finding (a lesion's bounding sphere, a vessel's cylinder),
-    for point examples whose answer is "none"."""
+    for point examples whose answer is "none".
+
+    ``near_fraction`` of them (rounded) are drawn among those points that lie within
+    ``near_mm`` of that margin of some finding in the axial plane: clicks beside a finding,
+    whose crop shows it off-centre, where the answer is still "none". Where too few such
+    points exist, the rest come from anywhere.
+    """
+    if not 0.0 <= near_fraction <= 1.0:
+        raise ValueError(f"near_fraction must be in [0, 1], got {near_fraction!r}")
     candidates = np.argwhere(
         (volume.voxels >= soft_hu[0]) & (volume.voxels <= soft_hu[1])
     )  # (N, 3) indices
@@ -445,18 +455,28 @@ def background_patches(
     picks = candidates[rng.choice(len(candidates), min(len(candidates), 50 * count), replace=False)]
     points = volume.geometry.index_to_lps(picks.astype(np.float64))  # (M, 3)
     keep = np.ones(len(points), dtype=bool)
+    near = np.zeros(len(points), dtype=bool)
     for finding in findings:
         center = np.asarray(finding.center_lps_mm, dtype=np.float64)
         in_plane = np.hypot(points[:, 0] - center[0], points[:, 1] - center[1])
         if finding.kind == "vessel":
             assert finding.diameter_mm is not None
-            keep &= in_plane > finding.diameter_mm / 2 + margin_mm
+            reach = finding.diameter_mm / 2 + margin_mm
+            keep &= in_plane > reach
         else:
             assert finding.long_axis_mm is not None and finding.cc_extent_mm is not None
             reach = max(finding.long_axis_mm, finding.cc_extent_mm) / 2 + margin_mm
             keep &= np.linalg.norm(points - center, axis=1) > reach
+        near |= (in_plane <= reach + near_mm) & (
+            np.abs(points[:, 2] - center[2]) <= _half_extent_z(finding)
+        )
+    n_near = round(near_fraction * count)
+    chosen = list(points[keep & near][:n_near])
+    chosen += list(points[keep & ~near][: count - len(chosen)])
+    if len(chosen) < count:  # too few far points: take more near ones
+        chosen += list(points[keep & near][n_near : n_near + count - len(chosen)])
     out = []
-    for point in points[keep][:count]:
+    for point in chosen:
         hu, geometry = _patch_around(volume, point, inputs, 0.0)
         out.append(
             FindingPatch(
@@ -464,6 +484,13 @@ def background_patches(
             )
         )
     return out
+
+
+def _half_extent_z(finding: TruthFinding) -> float:
+    """How far along z from its centre a finding shows (mm): a vessel everywhere."""
+    if finding.kind == "vessel" or finding.cc_extent_mm is None:
+        return math.inf
+    return finding.cc_extent_mm / 2
 
 
 @dataclass(frozen=True)

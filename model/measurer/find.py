@@ -36,6 +36,7 @@ import torch
 
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding, find_answer, find_prompt
+from model.measurer.voting import shift_planes
 
 if TYPE_CHECKING:
     from ingestion.phantoms import TruthFinding
@@ -207,9 +208,28 @@ class FindPlane:
     windows: torch.Tensor  # (2, H, W) float16 in [0, 1]: soft, wide
     findings: tuple[FoundFinding, ...]
 
-    def example(self, inputs: FindInputs) -> FindExample:
-        images = find_frames(self.windows[None], inputs)[0]  # (2, 3, H, W)
-        return FindExample(images, find_prompt(1), find_answer(self.findings, num_images=1))
+    def example(self, inputs: FindInputs, shift: tuple[int, int] = (0, 0)) -> FindExample:
+        """The plane as a find example; ``shift`` (rows, columns) moves its content and its
+        boxes by whole pixels (``voting.shift_planes``: the coordinate frame stays), as the
+        shifted passes of inference do. Boxes are clipped to the image; one shifted out of it
+        is left out."""
+        rows, columns = shift
+        windows = shift_planes(self.windows[None], rows, columns)
+        images = find_frames(windows, inputs)[0]  # (2, 3, H, W)
+        height, width = (float(n) for n in self.windows.shape[-2:])
+        found = []
+        for finding in self.findings:
+            row0, col0, row1, col1 = finding.box
+            box = (
+                min(height, max(0.0, row0 + rows)),
+                min(width, max(0.0, col0 + columns)),
+                min(height, max(0.0, row1 + rows)),
+                min(width, max(0.0, col1 + columns)),
+            )
+            if box[0] < box[2] and box[1] < box[3]:
+                found.append(FoundFinding(finding.kind, 0, box))
+        found.sort(key=lambda f: ((f.box[0] + f.box[2]) / 2, (f.box[1] + f.box[3]) / 2))
+        return FindExample(images, find_prompt(1), find_answer(found, num_images=1))
 
 
 def find_planes(

@@ -43,6 +43,7 @@ from model.measurer.data import (
     phantom_volume,
 )
 from model.measurer.find import FindExample, FindInputs, FindPlane, find_planes
+from model.measurer.images import SIDE_MULTIPLE
 
 __all__ = [
     "FolderSource",
@@ -152,6 +153,9 @@ class StudyPool:
         background_per_study: background patches kept per study (point examples).
         click_fraction: > 0: point examples click anywhere within this fraction of a finding's
             outline (else within 40 % of its short half-axis of the centre).
+        near_background_fraction: share of the background patches drawn beside a finding
+            (``data.background_patches``).
+        find_shift_px: find planes are shifted by up to this many pixels (0: not shifted).
         seed: seeds the choice of planes.
         on_study: called with each study index as it is added (progress).
     """
@@ -168,6 +172,8 @@ class StudyPool:
         planes_per_study: int,
         background_per_study: int = 2,
         click_fraction: float = 0.0,
+        near_background_fraction: float = 0.0,
+        find_shift_px: int = 0,
         seed: int,
         on_study: Callable[[int], None] | None = None,
     ) -> None:
@@ -184,6 +190,12 @@ class StudyPool:
         self.planes_per_study = planes_per_study
         self.background_per_study = background_per_study
         self.click_fraction = click_fraction
+        if not 0 <= find_shift_px < SIDE_MULTIPLE:
+            raise ValueError(
+                f"find_shift_px must be in [0, {SIDE_MULTIPLE}) pixels, got {find_shift_px}"
+            )
+        self.near_background_fraction = near_background_fraction
+        self.find_shift_px = find_shift_px
         self.seed = seed
         self.on_study = on_study
         self._entries: OrderedDict[int, PoolEntry] = OrderedDict()
@@ -218,6 +230,7 @@ class StudyPool:
             self.measure_inputs,
             rng,
             count=self.background_per_study,
+            near_fraction=self.near_background_fraction,
         )
         return PoolEntry(tuple(patches), tuple(background), tuple(planes))
 
@@ -261,9 +274,17 @@ class StudyPool:
         return out
 
     def find_examples(self, n: int, rng: np.random.Generator) -> list[FindExample]:
-        """``n`` find planes drawn uniformly from the pool."""
+        """``n`` find planes drawn uniformly from the pool, each with its content shifted by
+        up to ``find_shift_px`` pixels along rows and columns (uniform, whole pixels)."""
         planes = self.planes
-        return [planes[i].example(self.find_inputs) for i in _draw(rng, len(planes), n)]
+        out = []
+        for i in _draw(rng, len(planes), n):
+            shift = (0, 0)
+            if self.find_shift_px:
+                r, c = rng.integers(-self.find_shift_px, self.find_shift_px + 1, 2)
+                shift = (int(r), int(c))
+            out.append(planes[i].example(self.find_inputs, shift))
+        return out
 
 
 def _draw(rng: np.random.Generator, available: int, n: int) -> Sequence[int]:

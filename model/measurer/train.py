@@ -45,6 +45,7 @@ from model.measurer.data import MeasureInputs, collate, encode_example
 from model.measurer.find import FindInputs
 from model.measurer.pool import StudyPool, StudySource
 from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.measurer.voting import FindVoting
 from model.numeric.hf import NumericLM
 from model.numeric.losses import LambdaRamp
 
@@ -124,6 +125,8 @@ class PoolSettings:
     planes_per_study: int = 6
     background_per_study: int = 2
     click_fraction: float = 0.0  # > 0: clicks anywhere inside a finding (model.measurer.data)
+    near_background_fraction: float = 0.0  # background clicks beside a finding (data module)
+    find_shift_px: int = 0  # find planes shifted by up to this many pixels (model.measurer.pool)
 
 
 def _default_stages() -> tuple[Stage, ...]:
@@ -155,6 +158,8 @@ class TrainConfig:
     )
     find_inputs: FindInputs = field(default_factory=FindInputs)
     pool: PoolSettings = field(default_factory=PoolSettings)
+    # how the checkpoint's find step runs at inference (shifted passes; stored with it)
+    find_voting: FindVoting = field(default_factory=FindVoting)
     checkpoint_every: int = 1000
     threads: int | None = None
     base_model: str | None = None  # a local Qwen2.5-VL directory instead of the default model
@@ -246,6 +251,8 @@ class TrainConfig:
         find["wide_window"] = tuple(find["wide_window"])
         values["find_inputs"] = FindInputs(**find)
         values["pool"] = PoolSettings(**values["pool"])
+        if "find_voting" in values:
+            values["find_voting"] = FindVoting.from_json(values["find_voting"])
         return cls(**values)
 
 
@@ -456,6 +463,7 @@ def _settings(
         tasks=("find", "measure", "point", *(("axes",) if config.axes_batch else ())),
         # clicks anywhere on a finding train the point task to confirm off-centre candidates
         verify_candidates=config.pool.click_fraction > 0 and config.point_batch > 0,
+        find_voting=config.find_voting,
         head=head,
         training={**provenance, "config": config.to_json()},
     )
@@ -576,6 +584,8 @@ def train(
         planes_per_study=config.pool.planes_per_study,
         background_per_study=config.pool.background_per_study,
         click_fraction=config.pool.click_fraction,
+        near_background_fraction=config.pool.near_background_fraction,
+        find_shift_px=config.pool.find_shift_px,
         seed=config.seed,
         on_study=on_study,
     )

@@ -247,3 +247,20 @@ def test_findings_split_along_z_merge_into_the_larger_one() -> None:
     ]
     assert merged[0].planes == (3, 4, 5, 9, 10) and merged[0].size_mm == 40.0
     assert merge_duplicates([], 2.0) == []
+
+
+def test_a_shifted_plane_moves_its_content_and_its_boxes(phantom: Phantom) -> None:
+    volume = phantom_volume(phantom)
+    planes = find_planes(volume, phantom.findings, INPUTS, np.random.default_rng(4), planes=6)
+    plane = next(p for p in planes if p.findings)
+    still, moved = plane.example(INPUTS), plane.example(INPUTS, (9, -5))
+    assert torch.equal(moved.images[0, :, 9:, :-5], still.images[0, :, :-9, 5:])
+    assert torch.equal(moved.images[1], still.images[1])  # the coordinate frame stays put
+    before = parse_find(still.answer or "", num_images=1).findings
+    after = parse_find(moved.answer or "", num_images=1).findings
+    assert len(after) == len(before)
+    by_box = sorted(after, key=lambda f: f.box), sorted(before, key=lambda f: f.box)
+    for a, b in zip(*by_box, strict=True):
+        assert a.kind is b.kind
+        expected = (b.box[0] + 9, max(0.0, b.box[1] - 5), b.box[2] + 9, b.box[3] - 5)
+        assert a.box == pytest.approx(expected, abs=0.11)  # the text's 0.1 grid

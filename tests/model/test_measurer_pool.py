@@ -147,3 +147,42 @@ def test_clicks_fall_inside_the_finding() -> None:
                 across / (0.8 * finding.short_axis_mm / 2)
             ) ** 2
             assert inside.max() <= 1.0 + 1e-6 and inside.max() > 0.5
+
+
+def test_background_patches_beside_findings_are_near_them_and_still_outside() -> None:
+    phantom = generate_phantom(11)
+    volume = phantom_volume(phantom)
+    rng = np.random.default_rng(0)
+    patches = background_patches(
+        volume, phantom.findings, MEASURE, rng, count=10, near_fraction=1.0, near_mm=20.0
+    )
+    assert len(patches) == 10
+    for patch in patches:
+        x, y, z = patch.center_lps_mm
+        beside = False
+        for finding in phantom.findings:
+            fx, fy, fz = finding.center_lps_mm
+            gap = float(np.hypot(x - fx, y - fy))
+            if finding.kind == "vessel":
+                assert finding.diameter_mm is not None
+                reach = finding.diameter_mm / 2 + 8.0
+                assert gap > reach
+                beside |= gap <= reach + 20.0
+            else:
+                assert finding.long_axis_mm is not None and finding.cc_extent_mm is not None
+                reach = max(finding.long_axis_mm, finding.cc_extent_mm) / 2 + 8.0
+                assert float(np.linalg.norm([x - fx, y - fy, z - fz])) > reach
+                beside |= gap <= reach + 20.0 and abs(z - fz) <= finding.cc_extent_mm / 2
+        assert beside
+    with pytest.raises(ValueError, match="near_fraction"):
+        background_patches(volume, phantom.findings, MEASURE, rng, count=2, near_fraction=2.0)
+
+
+def test_find_examples_are_shifted_within_the_limit() -> None:
+    pool = _pool(find_shift_px=10)
+    pool.advance(0)
+    rng = np.random.default_rng(3)
+    examples = pool.find_examples(6, rng)
+    assert len(examples) == 6
+    with pytest.raises(ValueError, match="find_shift_px"):
+        _pool(find_shift_px=28)
