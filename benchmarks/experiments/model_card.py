@@ -3,12 +3,15 @@
 and a held-out evaluation written by ``benchmarks/bench_measurer.py --json``.
 
 Usage: python benchmarks/experiments/model_card.py [--trained-as VERSION] [--versions FILE]
-           CHECKPOINT_DIR EVALUATION_JSON BENCH_COMMAND CALIBRATE_COMMAND CONFIG [CONFIG ...]
+           [--eval-seed SEED] CHECKPOINT_DIR EVALUATION_JSON BENCH_COMMAND CALIBRATE_COMMAND
+           CONFIG [CONFIG ...]
 
 The CONFIGs are the training runs in order (``radcaliper train --config``); each after the first
 starts from the previous run's weights (``init_from``). ``--trained-as``: the version the last
 run was tagged with when the checkpoint's version has moved on without new weights (inference or
-calibration changed); ``--versions``: a markdown list of what changed in each version.
+calibration changed); ``--versions``: a markdown list of what changed in each version;
+``--eval-seed``: the run seed of the held-out evaluation (default 2026). A run's output folder is
+the ``init_from`` of the next run where that is under ``runs/``, else ``runs/<config name>``.
 """
 
 import json
@@ -17,10 +20,13 @@ from pathlib import Path
 
 args = sys.argv[1:]
 trained_as = versions = None
-while args and args[0] in ("--trained-as", "--versions"):
+eval_seed = "2026"
+while args and args[0] in ("--trained-as", "--versions", "--eval-seed"):
     flag, value, args = args[0], args[1], args[2:]
     if flag == "--trained-as":
         trained_as = value
+    elif flag == "--eval-seed":
+        eval_seed = value
     else:
         versions = Path(value).read_text()
 sys.argv = [sys.argv[0], *args]
@@ -41,6 +47,18 @@ def num(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def output_of(index):
+    """Where run ``index`` (1-based) wrote its checkpoint, and a note where the next run started
+    from a copy of it."""
+    stem = Path(chain[index - 1][0]).stem
+    if index == len(chain):
+        return f"runs/{stem}", ""
+    following = chain[index][1].get("init_from") or ""
+    if following.startswith("runs/"):
+        return following, ""
+    return f"runs/{stem}", f"; its weights are kept as `{following}`"
+
+
 def run_lines(index, path, run, last):
     stages = "; ".join(
         f"{st['name']}: {st['steps']} steps, lr {st['lr']:g}, trainable {st['trainable']}, "
@@ -48,12 +66,14 @@ def run_lines(index, path, run, last):
         for st in run["stages"]
     )
     start = "from scratch" if not run.get("init_from") else f"from `{run['init_from']}`"
+    out, kept = output_of(index)
     return (
-        f"{index}. `radcaliper train runs/demo-{index} --config {path} --threads 2"
+        f"{index}. `radcaliper train {out} --config {path} --threads 2"
         + (f" --version-tag {trained_as or settings['version']}" if last else "")
         + f"` ({start}, "
         f"phantom run seed {run['seed']}): {stages}; batches per step {run['measure_batch']} "
         f"measure, {run['find_batch']} find, {run['point_batch']} point, {run['axes_batch']} axes"
+        + kept
     )
 
 
@@ -62,6 +82,22 @@ runs = "\n".join(
 )
 total_steps = sum(st["steps"] for _, run in chain for st in run["stages"])
 size = config["size"]
+seeds = ", ".join(str(run["seed"]) for _, run in chain)
+voting = settings.get("find_voting") or {"shifts": [[0, 0]], "votes": 1}
+if len(voting["shifts"]) > 1:
+    passes = (
+        f"each plane is asked in {len(voting['shifts'])} passes, its content shifted by "
+        + ", ".join(f"({r}, {c})" for r, c in voting["shifts"])
+        + f" pixels, and a box is kept where {voting['votes']} passes agree"
+        + (
+            " or where a lone box is no agreed box's one-token alias"
+            if voting.get("keep_unaliased")
+            else ""
+        )
+        + " (`model.measurer.voting`)"
+    )
+else:
+    passes = "one find pass per plane"
 rules = "\n".join(
     f"| {name} | {r['kind']} | {num(r['quantile'], 3)} | {r['n']} | {num(r['mae_mm'])} | "
     f"{num(r['empirical_coverage'], 3)} | {num(r['mean_width_mm'])} |"
@@ -83,7 +119,7 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
 - Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks`, `model.measurer.axes`);
   candidates of the find step are confirmed by the point task: {settings["verify_candidates"]}.
 - Inputs: find images {settings["find_inputs"]["size"]} px at {settings["find_inputs"]["pixel_mm"]}
-  mm/px with a coordinate frame; measure crops {settings["measure_inputs"]["size"]} px at
+  mm/px with a coordinate frame ({passes}); measure crops {settings["measure_inputs"]["size"]} px at
   {settings["measure_inputs"]["pixel_mm"]} mm/px, window {settings["measure_inputs"]["window"]}.
 - Files: `model.safetensors` (weights), `numeric_head.safetensors` (RNED codec),
   `tokenizer.json`, `config.json`, `radcaliper.json` (settings, calibration, provenance),
@@ -91,8 +127,8 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
 
 ## How it was trained
 - Data: phantoms generated on the fly (each run its own run seed, `study_seed(seed, i)`, the
-  seeds `radcaliper phantoms --seed` uses; seeds 0-3, never the calibration's 7001 or the
-  evaluation's 2026), a rolling pool of {config["pool"]["size"]} studies,
+  seeds `radcaliper phantoms --seed` uses; seeds {seeds}, never the calibration's 7001 or the
+  evaluation's {eval_seed}), a rolling pool of {config["pool"]["size"]} studies,
   {config["pool"]["studies_per_step"]} new per step; AdamW, weight decay {config["weight_decay"]};
   2 CPU threads; {total_steps} steps in all. The runs, in order, from the repository root (each is
   deterministic for its seed and resumable; `init_from` names the previous run's output):
@@ -100,7 +136,8 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
 {runs}
 
   The first run learns all four tasks; the later ones weight the find task more (its recall was
-  the weakest) at a lower rate. `training_config.json` is the last run's configuration.
+  the weakest) at a lower rate; each stage's name says what it was for.
+  `training_config.json` is the last run's configuration.
 - Calibration: `{calibrate_command}` (split conformal on held-out phantoms of run seed 7001):
 
 | measurement | rule | quantile | n | MAE mm | coverage (calibration set) | mean width mm |
@@ -108,8 +145,8 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
 {rules}
 
 ## Held-out evaluation
-`{bench_command}`: {evaluation["studies"]} phantoms of run seed 2026 (never used in training or
-calibration), written as DICOM and read back through ingestion.
+`{bench_command}`: {evaluation["studies"]} phantoms of run seed {eval_seed} (never used in training,
+calibration or validation), written as DICOM and read back through ingestion.
 
 | metric | value | target (issue 5) |
 |---|---|---|

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model.measurer.evaluate import evaluate, summarize
+from model.measurer.grouping import GroupingRule
 from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
 from model.measurer.pool import FolderSource
 from model.measurer.voting import FindVoting
@@ -27,6 +28,8 @@ torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
 fields = json.loads(os.environ.get("OPTS", "{}"))
 if "find_voting" in fields:
     fields["find_voting"] = FindVoting.from_json(fields["find_voting"])
+if "grouping" in fields:
+    fields["grouping"] = GroupingRule(**fields["grouping"])
 options = InferenceOptions(**fields)
 measurer = CheckpointMeasurer.load(sys.argv[1], options=options)
 source = FolderSource(Path(sys.argv[2]))

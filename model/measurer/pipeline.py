@@ -5,8 +5,10 @@
 1. checks that the model can handle the volume (CT, spacing near the training range, enough
    slices); otherwise ``ModelError`` with the reason and what to do;
 2. prepares it for the find task (``ingestion.prepare``, MONAI) and asks one find prompt per
-   examined plane (planes at least :attr:`InferenceOptions.find_plane_mm` apart), batched;
-   a malformed answer drops that plane's boxes and is counted in the result's warnings;
+   examined plane (planes at least :attr:`InferenceOptions.find_plane_mm` apart), batched,
+   once per shifted pass of the checkpoint's ``find_voting`` (``model.measurer.voting``:
+   boxes shifted back and voted per plane); a malformed answer drops that plane's boxes in
+   that pass and is counted in the result's warnings;
 3. joins the boxes into findings (``model.measurer.grouping``);
 4. confirms the candidates with the point task where the checkpoint asks for it; with
    :attr:`InferenceOptions.verify_neighbours` (off by default), a candidate the point task sees
@@ -18,15 +20,17 @@
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
    merges candidates split along z (``grouping.merge_duplicates``); a "vessel" seen on fewer
    than half of the examined planes whose centre is not contrast-filled becomes a lesion
-   (``consolidate.short_vessels_as_lesions``);
+   (``consolidate.short_vessels_as_lesions``), and a contrast-filled "lesion" that runs
+   through the study as a tube becomes a vessel (``consolidate.long_lesions_as_vessels``);
 6. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
    checkpoint's calibrated ranges; a lesion also on :attr:`InferenceOptions.lesion_planes`
    examined planes to either side, keeping the plane where its long axis is longest (RECIST;
    ``model.measurer.planes``), which becomes its centre's z; a malformed answer makes its
    measurements "not measurable";
-7. reports each vessel and each lesion once (``model.measurer.consolidate``: vessel pieces split
-   along z, a lesion inside a larger one's cross-section, or inside a vessel that runs through
-   the study or with a contrast-filled centre); the axes are drawn again on the measured crop.
+7. drops findings centred in air (``consolidate.centred_in_air``), draws the axes on the
+   measured crop and reports each vessel and each lesion once (``model.measurer.consolidate``:
+   vessel pieces split along z, a lesion inside a larger one's measured ellipse, or inside a
+   vessel that runs through the study or with a contrast-filled centre).
 
 Both HU rules read "contrast-filled" as a centre median of at least
 :attr:`InferenceOptions.vessel_min_hu` (the phantom spec's 150 HU: contrast CT); for studies

@@ -112,12 +112,12 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
     """Eight held-out studies (a run seed never used in training or calibration).
 
     A regression guard at the level the model card reports for the shipped demo model (lesions
-    >= 10 mm: recall 0.67-0.69 at 0.14-0.23 false findings per study; long-axis MAE 1.8 mm),
-    not all of issue 5's targets, which this small CPU-trained model misses for detection
-    (benchmarks/RESULTS.md): most vessels and at least 40 % of the lesions >= 10 mm are found,
-    at most one false finding in two studies, and what is found is measured near the truth with
-    90 % ranges (0.2.5 on these studies: 8/15 lesions, 5/5 vessels, 0 false, median errors 0.73
-    and 0.14 mm; 0.2.4: 6/15, 5/5, 3 false)."""
+    >= 10 mm: recall 0.89-0.92 at 0.11-0.20 false findings per study on three held-out sets of
+    200; long-axis MAE about 1 mm), not all of issue 5's targets (recall >= 0.95 is missed;
+    benchmarks/RESULTS.md): most vessels and at least 70 % of the lesions >= 10 mm are found,
+    at most one false finding in four studies, and what is found is measured near the truth
+    with 90 % ranges (0.3.0 on these studies: 14/15 lesions, 5/5 vessels, 1 false, median
+    errors 0.53 and 0.28 mm; 0.2.5: 8/15, 5/5, 0 false)."""
     measurer = CheckpointMeasurer.load(DEMO)
     assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
     assert measurer.loaded.settings.calibration is not None  # shipped calibrated
@@ -146,9 +146,9 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
             assert value.value_mm is not None and expected is not None
             errors[truth.kind].append(abs(value.value_mm - expected))
     assert found["vessel"] >= 0.8 * total["vessel"], (found, total)
-    assert found["lesion"] >= 0.4 * total["lesion"], (found, total)
-    assert false <= 4, false
-    assert float(np.median(errors["lesion"])) < 2.5, errors
+    assert found["lesion"] >= 0.7 * total["lesion"], (found, total)
+    assert false <= 2, false
+    assert float(np.median(errors["lesion"])) < 1.5, errors
     assert float(np.median(errors["vessel"])) < 0.5, errors
 
 
