@@ -65,7 +65,7 @@ from model.measurer.consolidate import (
     short_vessels_as_lesions,
 )
 from model.measurer.data import axes_example, measure_example, point_example
-from model.measurer.find import FindExample, find_frames, prepare_for_find
+from model.measurer.find import FindExample, FindInputs, find_frames, prepare_for_find
 from model.measurer.grouping import (
     GroupingRule,
     group_detections,
@@ -355,24 +355,12 @@ class CheckpointMeasurer:
         planes = list(range(0, prepared.shape[0], stride))
         voting = self.options.find_voting or self.loaded.settings.find_voting
         windows = prepared.image[:, planes].transpose(0, 1)  # (P, 2, H, W)
-        prompt = find_prompt(1)
-        limit = MAX_FIND_TOKENS if self.lm.numeric_head is not None else MAX_FIND_TOKENS_DIGITS
         passes: list[list[list[FoundFinding]]] = []
         malformed = 0
         for rows, columns in voting.shifts:
-            images = find_frames(shift_planes(windows, rows, columns), inputs)  # (P, 2, 3, H, W)
-            examples = [FindExample(image, prompt, None) for image in images]
-            answers: list[list[FoundFinding]] = []
-            for start in range(0, len(examples), self.options.find_batch):
-                texts = self._generate(examples[start : start + self.options.find_batch], limit)
-                for text in texts:
-                    parsed = parse_find(text, num_images=1)
-                    if not parsed.success:
-                        malformed += 1
-                        logger.debug("malformed find answer: %s", parsed.reason)
-                    found = parsed.findings if parsed.success else ()
-                    answers.append(unshift_findings(found, rows, columns))
-            passes.append(answers)
+            answers, bad = self._find_pass(shift_planes(windows, rows, columns), inputs)
+            passes.append([unshift_findings(found, rows, columns) for found in answers])
+            malformed += bad
         total = len(planes) * len(voting.shifts)
         if malformed:
             warnings.append(
@@ -380,17 +368,34 @@ class CheckpointMeasurer:
                 "not searched" + (" in those passes" if len(voting.shifts) > 1 else "")
             )
             logger.warning("%d of %d find answers were malformed", malformed, total)
-        if voting.single:
-            answers = passes[0]
-        else:
-            answers = [
+        voted = passes[0]
+        if not voting.single:
+            voted = [
                 vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
                 for per_plane in zip(*passes, strict=True)
             ]
-        detections = plane_detections(answers, planes, prepared.geometry)
+        detections = plane_detections(voted, planes, prepared.geometry)
         spacing = native * stride
         grouped = group_detections(detections, spacing, self.options.grouping)
         return grouped, spacing, len(planes)
+
+    def _find_pass(self, windows: torch.Tensor, inputs: FindInputs) -> tuple[list[Any], int]:
+        """One find prompt per (P, 2, H, W) plane: the parsed boxes of each (none where the
+        answer was malformed) and how many answers were malformed."""
+        prompt = find_prompt(1)
+        limit = MAX_FIND_TOKENS if self.lm.numeric_head is not None else MAX_FIND_TOKENS_DIGITS
+        examples = [FindExample(image, prompt, None) for image in find_frames(windows, inputs)]
+        answers: list[Sequence[FoundFinding]] = []
+        malformed = 0
+        batch = self.options.find_batch
+        for start in range(0, len(examples), batch):
+            for text in self._generate(examples[start : start + batch], limit):
+                parsed = parse_find(text, num_images=1)
+                if not parsed.success:
+                    malformed += 1
+                    logger.debug("malformed find answer: %s", parsed.reason)
+                answers.append(parsed.findings if parsed.success else ())
+        return answers, malformed
 
     def _recentre(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
         """Move each candidate's axial-plane centre to the middle of the first segment (long
