@@ -59,9 +59,12 @@ if TYPE_CHECKING:
     )
     from model.measurer.consolidate import (
         AIR_MAX_HU,
+        TUBE_MIN_FRACTION,
+        TUBE_MIN_HU,
         VESSEL_MIN_HU,
         centred_in_air,
         consolidate,
+        is_tube,
         long_lesions_as_vessels,
         short_vessels_as_lesions,
     )
@@ -276,9 +279,12 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "model.measurer.consolidate": (
         "AIR_MAX_HU",
+        "TUBE_MIN_FRACTION",
+        "TUBE_MIN_HU",
         "VESSEL_MIN_HU",
         "centred_in_air",
         "consolidate",
+        "is_tube",
         "long_lesions_as_vessels",
         "short_vessels_as_lesions",
     ),
@@ -465,6 +471,8 @@ __all__ = [
     "SETTINGS_NAME",
     "SIDE_MULTIPLE",
     "TEMPORAL_PATCH",
+    "TUBE_MIN_FRACTION",
+    "TUBE_MIN_HU",
     "UNK",
     "VESSEL_MIN_HU",
     "VIDEO_PAD",
@@ -568,6 +576,7 @@ __all__ = [
     "group_detections",
     "image_token_count",
     "is_alias",
+    "is_tube",
     "load_base_model",
     "load_checkpoint",
     "load_tokenizer",

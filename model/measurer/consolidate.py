@@ -33,6 +33,18 @@ through the study and spans along z more than one and a half times its size is a
 ellipsoid (whose cranio-caudal extent is at most its long axis): a vessel. After measuring,
 a finding whose centre is air (:func:`centred_in_air`) is outside the body and is dropped.
 
+*Tubes* (``tubes``, optional in both rules): the spec's one vessel is contrast-filled through
+all slices, while a lesion spans at most its long axis (<= 60 mm) along z. So whether a
+finding's axial centre is contrast-filled on nearly every slice of the study
+(:func:`is_tube`, on the profile the pipeline reads from the volume) says what lies there
+better than the planes a finding was seen on, which follow the find step's misses. Where
+``tubes`` is given, a "vessel" whose centre is no tube is a lesion
+(:func:`short_vessels_as_lesions`), and a lesion inside a vessel finding is a piece of it only
+when its own centre or the vessel's is a tube (:func:`consolidate`): a hyperdense lesion that
+the find step also saw as a vessel is no longer dropped for that vessel. (A lesion that fills
+a short study along z with a contrast-filled interior still reads as a tube: the rules then
+decide as without tubes.)
+
 Where a value is "not measurable", the find step's box size stands in for it. On validation
 phantoms (demo checkpoint; runs 5555 and 6666, 70 studies) the rules took the false findings
 from 1.17 / 1.03 to 0.43 / 0.40 per study without losing a true finding; the two HU rules
@@ -52,9 +64,12 @@ from model.measurer.results import FindingKind, Segment3
 
 __all__ = [
     "AIR_MAX_HU",
+    "TUBE_MIN_FRACTION",
+    "TUBE_MIN_HU",
     "VESSEL_MIN_HU",
     "centred_in_air",
     "consolidate",
+    "is_tube",
     "long_lesions_as_vessels",
     "short_vessels_as_lesions",
 ]
@@ -66,6 +81,13 @@ _SAME_LESION_Z = 0.3
 """Two reports of one lesion lie within this fraction of its long axis along z: a quarter (the
 spec's least cranio-caudal half-extent) and a margin for the plane search, which moves each
 report's z to the plane where it measured longest."""
+TUBE_MIN_HU = 120.0
+"""A slice is contrast-filled at a centre whose median is at least this: above soft tissue
+(30-60 HU plus noise; the median of a 3 mm patch) and below the spec's least vessel HU (150)
+with a margin for the noise of that median."""
+TUBE_MIN_FRACTION = 0.8
+"""A centre contrast-filled on at least this fraction of the slices is a tube through the study
+(the vessel is on all of them; the fraction allows for a centre a few mm off)."""
 AIR_MAX_HU = -500.0
 """A centre whose median is below this is air (-1000 HU), not tissue (fat is about -100 HU)."""
 
@@ -91,9 +113,24 @@ def _runs_through(planes: int, examined_planes: int) -> bool:
     return 2 * planes >= examined_planes
 
 
-def _check_hu(findings: Sequence[GroupedFinding], centre_hu: Sequence[float] | None) -> None:
+def _check_hu(
+    findings: Sequence[GroupedFinding],
+    centre_hu: Sequence[float] | None,
+    tubes: Sequence[bool] | None = None,
+) -> None:
     if centre_hu is not None and len(centre_hu) != len(findings):
         raise ValueError(f"{len(findings)} findings but {len(centre_hu)} centre HU values")
+    if tubes is not None and len(tubes) != len(findings):
+        raise ValueError(f"{len(findings)} findings but {len(tubes)} tube flags")
+
+
+def is_tube(profile_hu: Sequence[float], min_hu: float = TUBE_MIN_HU) -> bool:
+    """Whether a centre whose median HU on each slice of the study is ``profile_hu`` is
+    contrast-filled (at least ``min_hu``) on at least :data:`TUBE_MIN_FRACTION` of them."""
+    if not len(profile_hu):
+        raise ValueError("is_tube needs the centre's HU on at least one slice")
+    filled = sum(hu >= min_hu for hu in profile_hu)
+    return filled >= TUBE_MIN_FRACTION * len(profile_hu)
 
 
 def _inside_lesion(
@@ -129,16 +166,20 @@ def consolidate(
     centre_hu: Sequence[float] | None = None,
     vessel_min_hu: float = VESSEL_MIN_HU,
     axes: Sequence[Sequence[Segment3] | None] | None = None,
+    tubes: Sequence[bool] | None = None,
 ) -> list[int]:
     """Indices (increasing) of the findings to report; ``outcomes`` are their measurements,
     ``examined_planes`` how many planes the find step examined, ``centre_hu`` the median HU at
     each finding's centre (None: not used), ``axes`` each finding's measured axes in LPS (long
-    axis first; None: the disk of the short axis stands in for a lesion's cross-section)."""
+    axis first; None: the disk of the short axis stands in for a lesion's cross-section),
+    ``tubes`` whether each finding's centre is a contrast-filled tube through the study
+    (:func:`is_tube`; given, a lesion inside a vessel is a piece of it exactly when either
+    centre is a tube)."""
     if len(findings) != len(outcomes):
         raise ValueError(f"{len(findings)} findings but {len(outcomes)} outcomes")
     if axes is not None and len(axes) != len(findings):
         raise ValueError(f"{len(findings)} findings but {len(axes)} axes")
-    _check_hu(findings, centre_hu)
+    _check_hu(findings, centre_hu, tubes)
     vessels = [i for i, f in enumerate(findings) if f.kind is FindingKind.VESSEL]
     vessels.sort(key=lambda i: -len(findings[i].planes))  # stable: ties keep their order
     kept: list[int] = []
@@ -156,7 +197,11 @@ def consolidate(
         contrast_filled = centre_hu is not None and centre_hu[i] >= vessel_min_hu
         if any(
             _axial(f, findings[k]) < 0.5 * _value(findings[k], outcomes[k], 0)
-            and (contrast_filled or _runs_through(len(findings[k].planes), examined_planes))
+            and (
+                tubes[i] or tubes[k]
+                if tubes is not None
+                else contrast_filled or _runs_through(len(findings[k].planes), examined_planes)
+            )
             for k in kept
         ):
             continue  # inside a vessel that runs through the study: a piece of it
@@ -178,16 +223,23 @@ def short_vessels_as_lesions(
     examined_planes: int,
     centre_hu: Sequence[float] | None = None,
     vessel_min_hu: float = VESSEL_MIN_HU,
+    tubes: Sequence[bool] | None = None,
 ) -> list[GroupedFinding]:
     """``findings`` with every vessel relabelled a lesion that is not seen on at least half of
     the examined planes, counting all vessel pieces at its axial position (centres closer than
     ``max(5 mm, half the larger box side)``), and whose ``centre_hu`` (the median HU at its
-    centre, one per finding; None: not checked) is below ``vessel_min_hu`` (module doc). Order
-    and everything else are kept."""
-    _check_hu(findings, centre_hu)
+    centre, one per finding; None: not checked) is below ``vessel_min_hu`` (module doc). With
+    ``tubes`` (one per finding, :func:`is_tube`), a vessel is relabelled exactly when its
+    centre is no tube. Order and everything else are kept."""
+    _check_hu(findings, centre_hu, tubes)
     vessels = [f for f in findings if f.kind is FindingKind.VESSEL]
     out = []
     for i, finding in enumerate(findings):
+        if tubes is not None:
+            if finding.kind is FindingKind.VESSEL and not tubes[i]:
+                finding = dataclasses.replace(finding, kind=FindingKind.LESION)
+            out.append(finding)
+            continue
         if finding.kind is FindingKind.VESSEL and (
             centre_hu is None or centre_hu[i] < vessel_min_hu
         ):

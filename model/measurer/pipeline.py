@@ -18,10 +18,12 @@
 5. re-centres each finding in the axial plane on the middle of its long axis (or diameter), as
    the axes task draws it on a crop at the grouped centre (the find step's boxes are coarse:
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
-   merges candidates split along z (``grouping.merge_duplicates``); a "vessel" seen on fewer
-   than half of the examined planes whose centre is not contrast-filled becomes a lesion
-   (``consolidate.short_vessels_as_lesions``), and a contrast-filled "lesion" that runs
-   through the study as a tube becomes a vessel (``consolidate.long_lesions_as_vessels``);
+   merges candidates split along z (``grouping.merge_duplicates``); a "vessel" whose centre is
+   not contrast-filled through the study (no tube: :attr:`InferenceOptions.contrast_tubes`;
+   without it, seen on fewer than half of the examined planes and not contrast-filled)
+   becomes a lesion (``consolidate.short_vessels_as_lesions``), and a contrast-filled
+   "lesion" that runs through the study as a tube becomes a vessel
+   (``consolidate.long_lesions_as_vessels``);
 6. measures each finding on a crop at its centre (``model.measurer.inference``) and attaches the
    checkpoint's calibrated ranges; a lesion also on :attr:`InferenceOptions.lesion_planes`
    examined planes to either side, keeping the plane where its long axis is longest (RECIST;
@@ -30,12 +32,14 @@
 7. drops findings centred in air (``consolidate.centred_in_air``), draws the axes on the
    measured crop and reports each vessel and each lesion once (``model.measurer.consolidate``:
    vessel pieces split along z, a lesion inside a larger one's measured ellipse, or inside a
-   vessel that runs through the study or with a contrast-filled centre).
+   vessel where either centre is a contrast-filled tube through the study; without tubes,
+   where the vessel runs through the study or the lesion's centre is contrast-filled).
 
 Both HU rules read "contrast-filled" as a centre median of at least
-:attr:`InferenceOptions.vessel_min_hu` (the phantom spec's 150 HU: contrast CT); for studies
-without contrast, switch them off (``short_vessels_as_lesions`` and
-``contrast_filled_lesions_in_vessels``) or set the threshold.
+:attr:`InferenceOptions.vessel_min_hu` (the phantom spec's 150 HU: contrast CT), a tube as a
+centre whose median is at least :attr:`InferenceOptions.tube_min_hu` (120 HU) on at least 80 %
+of the slices; for studies without contrast, switch them off (``short_vessels_as_lesions``,
+``contrast_filled_lesions_in_vessels`` and ``contrast_tubes``) or set the thresholds.
 
 ``measure_at`` answers the point task on a crop centred at the clicked point.
 """
@@ -58,9 +62,11 @@ from ingestion.volume import Modality, Volume
 from model.measurer.axes import Segment, parse_axes
 from model.measurer.checkpoint import LoadedMeasurer, checkpoint_hash, load_checkpoint
 from model.measurer.consolidate import (
+    TUBE_MIN_HU,
     VESSEL_MIN_HU,
     centred_in_air,
     consolidate,
+    is_tube,
     long_lesions_as_vessels,
     short_vessels_as_lesions,
 )
@@ -139,17 +145,22 @@ class InferenceOptions:
     contrast_filled_lesions_in_vessels: bool = True
     # a contrast-filled "lesion" that runs through the study as a tube is a vessel (consolidate)
     long_lesions_as_vessels: bool = True
+    # a finding's centre contrast-filled through the study (a tube) decides lesion or vessel
+    # where the two meet: the consolidate module's "tubes"; threshold ``tube_min_hu``
+    contrast_tubes: bool = True
+    tube_min_hu: float = TUBE_MIN_HU
     drop_air_centred: bool = True  # a finding whose centre is air (< -500 HU) is dropped
     vessel_min_hu: float = VESSEL_MIN_HU  # "contrast-filled" for both rules above
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.vessel_min_hu) and self.vessel_min_hu > -1000.0):
-            raise ValueError(
-                f"vessel_min_hu must be a finite HU value above air (-1000), got "
-                f"{self.vessel_min_hu!r}"
-            )
+        for name in ("vessel_min_hu", "tube_min_hu"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > -1000.0):
+                raise ValueError(
+                    f"{name} must be a finite HU value above air (-1000), got {value!r}"
+                )
 
 
 class CheckpointMeasurer:
@@ -236,7 +247,9 @@ class CheckpointMeasurer:
         if options.short_vessels_as_lesions or options.long_lesions_as_vessels:
             hu = [_centre_hu(volume, g.center_lps_mm) for g in grouped]
             if options.short_vessels_as_lesions:
-                grouped = short_vessels_as_lesions(grouped, examined, hu, options.vessel_min_hu)
+                grouped = short_vessels_as_lesions(
+                    grouped, examined, hu, options.vessel_min_hu, self._tubes(volume, grouped)
+                )
             if options.long_lesions_as_vessels:
                 grouped = long_lesions_as_vessels(
                     grouped, examined, plane_spacing, hu, options.vessel_min_hu
@@ -250,7 +263,10 @@ class CheckpointMeasurer:
         axes = self._axes(volume, grouped, warnings)
         if options.consolidate:
             filled = hu if options.contrast_filled_lesions_in_vessels else None
-            keep = consolidate(grouped, outcomes, examined, filled, options.vessel_min_hu, axes)
+            tubes = self._tubes(volume, grouped)
+            keep = consolidate(
+                grouped, outcomes, examined, filled, options.vessel_min_hu, axes, tubes
+            )
             grouped = [grouped[i] for i in keep]
             outcomes, axes = [outcomes[i] for i in keep], [axes[i] for i in keep]
         findings = [
@@ -549,6 +565,16 @@ class CheckpointMeasurer:
             warnings.append(f"{malformed} of {len(grouped)} axes answers were malformed")
         return out
 
+    def _tubes(self, volume: Volume, grouped: Sequence[Any]) -> list[bool] | None:
+        """Whether each finding's axial centre is contrast-filled through the study
+        (``consolidate.is_tube``); None where :attr:`InferenceOptions.contrast_tubes` is off."""
+        if not self.options.contrast_tubes:
+            return None
+        return [
+            is_tube(_centre_profile(volume, g.center_lps_mm), self.options.tube_min_hu)
+            for g in grouped
+        ]
+
     def _generate(self, examples: Sequence[Any], max_new_tokens: int) -> list[str]:
         return generate_texts(
             self.lm,
@@ -578,6 +604,16 @@ def _nearest_voxel(volume: Volume, center: Sequence[float]) -> tuple[int, int, i
 def _source_slice(volume: Volume, center: Sequence[float]) -> int:
     """The source slice nearest to ``center`` (for the SOP instance the finding refers to)."""
     return _nearest_voxel(volume, center)[0]
+
+
+def _centre_profile(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> list[float]:
+    """:func:`_centre_hu` on every source slice at ``center``'s axial position: one median per
+    slice, in slice order."""
+    _, r, c = _nearest_voxel(volume, center)
+    rows = round(radius_mm / volume.geometry.row_spacing)
+    columns = round(radius_mm / volume.geometry.column_spacing)
+    patch = volume.voxels[:, max(0, r - rows) : r + rows + 1, max(0, c - columns) : c + columns + 1]
+    return [float(v) for v in np.median(patch.reshape(patch.shape[0], -1), axis=1)]
 
 
 def _centre_hu(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> float:

@@ -8,9 +8,11 @@ import pytest
 
 from model.measurer.consolidate import (
     AIR_MAX_HU,
+    TUBE_MIN_HU,
     VESSEL_MIN_HU,
     centred_in_air,
     consolidate,
+    is_tube,
     long_lesions_as_vessels,
     short_vessels_as_lesions,
 )
@@ -127,6 +129,55 @@ def test_a_contrast_filled_lesion_inside_a_short_vessel_is_a_piece_of_it() -> No
     # a dense lesion next to (not inside) a vessel is kept
     apart = [findings[0], _found(LESION, (20.0, 0.0, 0.0))]
     assert consolidate(apart, outcomes, EXAMINED, [250.0, 260.0]) == [0, 1]
+
+
+def test_a_tube_is_contrast_filled_on_nearly_every_slice() -> None:
+    soft, filled = 45.0, TUBE_MIN_HU
+    assert is_tube([filled] * 10)
+    assert is_tube([filled] * 8 + [soft] * 2)  # a centre a few mm off on some slices
+    assert not is_tube([filled] * 7 + [soft] * 3)  # a lesion spans part of the study
+    assert not is_tube([TUBE_MIN_HU - 1] * 10)  # a lesion's interior, however long
+    assert is_tube([60.0] * 10, min_hu=50.0)
+    with pytest.raises(ValueError, match="at least one slice"):
+        is_tube([])
+
+
+def test_with_tubes_a_lesion_inside_a_vessel_is_dropped_only_where_a_centre_is_a_tube() -> None:
+    # a hyperdense lesion (160 HU) that the find step also saw as a "vessel" at its centre
+    findings = [_found(VESSEL, (0.0, 0.0, 0.0), planes=9), _found(LESION, (2.0, 0.0, 0.0))]
+    outcomes = [_measured(VESSEL, 30.0), _measured(LESION, 36.0, 33.0)]
+    hu = [160.0, 160.0]
+    assert consolidate(findings, outcomes, EXAMINED, hu) == [0]  # without tubes: dropped
+    assert consolidate(findings, outcomes, EXAMINED, hu, tubes=[False, False]) == [0, 1]
+    # the vessel's centre (or the lesion's) contrast-filled through the study: a piece of it
+    assert consolidate(findings, outcomes, EXAMINED, hu, tubes=[True, False]) == [0]
+    assert consolidate(findings, outcomes, EXAMINED, hu, tubes=[False, True]) == [0]
+    # tubes alone decide: a vessel seen on every plane does not make a lesion a piece of it
+    everywhere = [_found(VESSEL, (0.0, 0.0, 0.0), planes=EXAMINED), findings[1]]
+    assert consolidate(everywhere, outcomes, EXAMINED, [120.0, 120.0]) == [0]
+    assert consolidate(everywhere, outcomes, EXAMINED, tubes=[False, False]) == [0, 1]
+    with pytest.raises(ValueError, match="2 findings but 1 tube flags"):
+        consolidate(findings, outcomes, EXAMINED, tubes=[True])
+
+
+def test_with_tubes_a_vessel_is_a_lesion_exactly_when_its_centre_is_no_tube() -> None:
+    findings = [
+        _found(VESSEL, (0.0, 0.0, 0.0), planes=EXAMINED),  # seen everywhere, but no tube
+        _found(VESSEL, (80.0, 0.0, 0.0), planes=2),  # seen on 2 planes, but a tube
+        _found(LESION, (50.0, 50.0, 0.0)),  # lesions stay lesions
+    ]
+    hu = [60.0, 60.0, 60.0]
+    out = short_vessels_as_lesions(findings, EXAMINED, hu, tubes=[False, True, True])
+    assert [f.kind for f in out] == [LESION, VESSEL, LESION]
+    assert [f.planes for f in out] == [f.planes for f in findings]
+    # without tubes the planes and the centre HU decide as before
+    assert [f.kind for f in short_vessels_as_lesions(findings, EXAMINED, hu)] == [
+        VESSEL,
+        LESION,
+        LESION,
+    ]
+    with pytest.raises(ValueError, match="3 findings but 2 tube flags"):
+        short_vessels_as_lesions(findings, EXAMINED, hu, tubes=[True, True])
 
 
 def test_centre_hu_must_pair_up() -> None:

@@ -282,6 +282,7 @@ def test_the_contrast_filled_rule_has_its_own_switch_and_threshold(
     )
     monkeypatch.setattr(tiny, "_axes", lambda v, grouped, w: [None] * len(grouped))
     monkeypatch.setattr(pipeline, "_centre_hu", lambda volume, centre: 250.0)
+    options = {"contrast_tubes": False, **options}  # without the volume's tubes (next test)
     monkeypatch.setattr(
         tiny,
         "options",
@@ -289,6 +290,69 @@ def test_the_contrast_filled_rule_has_its_own_switch_and_threshold(
     )
     result = tiny.measure(volume, source="test")
     assert sorted(f.kind.value for f in result.findings) == kept
+
+
+def test_the_centre_profile_tells_the_vessel_s_tube_from_a_lesion() -> None:
+    """On phantoms: the true vessel's centre is contrast-filled through the study (a tube); a
+    lesion's centre is not, unless the lesion fills the study along z."""
+    from model.measurer.consolidate import is_tube
+    from model.measurer.pipeline import _centre_profile
+
+    vessels = lesions = 0
+    for seed in range(8):
+        phantom = generate_phantom(study_seed(32, seed))
+        volume = phantom_volume(phantom)
+        length = volume.shape[0] * volume.geometry.spacing[0]
+        for truth in phantom.findings:
+            profile = _centre_profile(volume, truth.center_lps_mm)
+            assert len(profile) == volume.shape[0]
+            if truth.kind == "vessel":
+                assert is_tube(profile), (truth, profile)
+                vessels += 1
+            elif (truth.cc_extent_mm or 0.0) < 0.7 * length:
+                assert not is_tube(profile), (truth, profile)
+                lesions += 1
+    assert vessels >= 3 and lesions >= 8
+
+
+def test_tubes_decide_a_lesion_and_a_vessel_at_one_place(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wiring of the tubes (the rule is tested in test_measurer_consolidate): a 160 HU
+    lesion that the find step also saw as a "vessel" on 10 of 40 planes is one lesion when its
+    place is no tube along z, and a piece of the vessel when it is; switched off, the centre
+    HU drops it as before."""
+    from model.measurer import pipeline
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.inference import MeasureOutcome
+    from model.measurer.results import FindingKind, Measurement, MeasurementName
+
+    vessel = GroupedFinding(FindingKind.VESSEL, (0.0, 0.0, -100.0), tuple(range(10)), 30.0)
+    lesion = GroupedFinding(FindingKind.LESION, (2.0, 0.0, -100.0), (4, 5), 30.0)
+
+    def measured(kind: FindingKind) -> MeasureOutcome:
+        if kind is FindingKind.VESSEL:
+            return MeasureOutcome((Measurement(MeasurementName.DIAMETER, 30.0),), "", True)
+        values = (MeasurementName.LONG_AXIS, 30.0), (MeasurementName.SHORT_AXIS, 28.0)
+        return MeasureOutcome(tuple(Measurement(n, v) for n, v in values), "", True)
+
+    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40))
+    monkeypatch.setattr(
+        tiny, "_measure", lambda v, grouped, s, w: (grouped, [measured(g.kind) for g in grouped])
+    )
+    monkeypatch.setattr(tiny, "_axes", lambda v, grouped, w: [None] * len(grouped))
+    monkeypatch.setattr(pipeline, "_centre_hu", lambda volume, centre: 160.0)
+    slices = volume.shape[0]
+    for profile, tubes, kept in [
+        ([160.0] * (slices // 2) + [45.0] * (slices - slices // 2), True, ["lesion"]),
+        ([160.0] * slices, True, ["vessel"]),
+        ([160.0] * (slices // 2) + [45.0] * (slices - slices // 2), False, ["vessel"]),
+    ]:
+        monkeypatch.setattr(pipeline, "_centre_profile", lambda v, c, p=profile: p)
+        options = pipeline.InferenceOptions(verify=False, recentre=False, contrast_tubes=tubes)
+        monkeypatch.setattr(tiny, "options", options)
+        result = tiny.measure(volume, source="test")
+        assert sorted(f.kind.value for f in result.findings) == kept, (tubes, profile[-1])
 
 
 def test_the_neighbour_search_moves_an_unseen_candidate_one_find_token(
@@ -335,6 +399,8 @@ def test_a_vessel_threshold_that_is_no_hu_value_is_refused(value: float) -> None
 
     with pytest.raises(ValueError, match="vessel_min_hu"):
         InferenceOptions(vessel_min_hu=value)
+    with pytest.raises(ValueError, match="tube_min_hu"):
+        InferenceOptions(tube_min_hu=value)
 
 
 @pytest.mark.parametrize(("second_pass_shifted", "found"), [(True, 1), (False, 0)])
