@@ -15,6 +15,9 @@ Usage (from the repository root, in the project's virtualenv)::
    calibrated ranges, answers that parsed, and seconds per study (median; the first study is a
    warm-up and not timed).
 
+``--json`` writes the metrics and every matched measurement (``pairs``: name, value, truth,
+study), so that another calibration can be scored on the same set without measuring again.
+
 Targets (issue 5): recall >= 0.95 with <= 0.2 false findings per study; MAE long/short <= 2.0 mm,
 diameter <= 1.5 mm; 90 % ranges cover 88-92 %; >= 99 % of answers parse; one study <= 3 s
 (median) on 2 CPU cores; model load <= 5 s.
@@ -69,6 +72,16 @@ def _load_seconds(model: Path, threads: int) -> list[float]:
         )
         out.append(float(result.stdout.strip().splitlines()[-1]))
     return out
+
+
+def _pairs(outcomes: list[StudyOutcome] | tuple[StudyOutcome, ...]) -> list[list[object]]:
+    """``[name, value_mm, true_mm, study folder]`` of every matched measurement with a value."""
+    return [
+        [m.name.value, m.value_mm, m.true_mm, Path(outcome.name).name]
+        for outcome in outcomes
+        for m in outcome.measurements
+        if m.value_mm is not None
+    ]
 
 
 def _row(name: str, value: str, target: str, met: bool | None) -> str:
@@ -203,7 +216,11 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps({**e.to_json(), "load_seconds": load_times}, indent=2) + "\n"
+            json.dumps(
+                {**e.to_json(), "load_seconds": load_times, "pairs": _pairs(evaluation.outcomes)},
+                indent=2,
+            )
+            + "\n"
         )
     return 0
 
