@@ -232,14 +232,16 @@ def short_vessels_as_lesions(
     ``tubes`` (one per finding, :func:`is_tube`), a vessel is relabelled exactly when its
     centre is no tube. Order and everything else are kept."""
     _check_hu(findings, centre_hu, tubes)
+    if tubes is not None:
+        return [
+            dataclasses.replace(f, kind=FindingKind.LESION)
+            if f.kind is FindingKind.VESSEL and not tube
+            else f
+            for f, tube in zip(findings, tubes, strict=True)
+        ]
     vessels = [f for f in findings if f.kind is FindingKind.VESSEL]
     out = []
     for i, finding in enumerate(findings):
-        if tubes is not None:
-            if finding.kind is FindingKind.VESSEL and not tubes[i]:
-                finding = dataclasses.replace(finding, kind=FindingKind.LESION)
-            out.append(finding)
-            continue
         if finding.kind is FindingKind.VESSEL and (
             centre_hu is None or centre_hu[i] < vessel_min_hu
         ):

@@ -606,22 +606,26 @@ def _source_slice(volume: Volume, center: Sequence[float]) -> int:
     return _nearest_voxel(volume, center)[0]
 
 
-def _centre_profile(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> list[float]:
-    """:func:`_centre_hu` on every source slice at ``center``'s axial position: one median per
-    slice, in slice order."""
-    _, r, c = _nearest_voxel(volume, center)
+def _centre_patches(volume: Volume, center: Sequence[float], radius_mm: float) -> Any:
+    """(slices, rows, columns) voxels of the square of half-side ``radius_mm`` around
+    ``center``'s axial position on every source slice, and ``center``'s nearest slice."""
+    k, r, c = _nearest_voxel(volume, center)
     rows = round(radius_mm / volume.geometry.row_spacing)
     columns = round(radius_mm / volume.geometry.column_spacing)
     patch = volume.voxels[:, max(0, r - rows) : r + rows + 1, max(0, c - columns) : c + columns + 1]
-    return [float(v) for v in np.median(patch.reshape(patch.shape[0], -1), axis=1)]
+    return patch, k
+
+
+def _centre_profile(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> list[float]:
+    """:func:`_centre_hu` on every source slice at ``center``'s axial position: one median per
+    slice, in slice order."""
+    patches, _ = _centre_patches(volume, center, radius_mm)
+    return [float(v) for v in np.median(patches.reshape(patches.shape[0], -1), axis=1)]
 
 
 def _centre_hu(volume: Volume, center: Sequence[float], radius_mm: float = 3.0) -> float:
     """Median voxel value (HU for CT) in the square of half-side ``radius_mm`` around
     ``center`` on its nearest source slice (the centre voxel alone when the pixels are larger
     than that); a centre outside the slice takes the nearest edge voxels."""
-    k, r, c = _nearest_voxel(volume, center)
-    rows = round(radius_mm / volume.geometry.row_spacing)
-    columns = round(radius_mm / volume.geometry.column_spacing)
-    patch = volume.voxels[k, max(0, r - rows) : r + rows + 1, max(0, c - columns) : c + columns + 1]
-    return float(np.median(patch))
+    patches, k = _centre_patches(volume, center, radius_mm)
+    return float(np.median(patches[k]))
