@@ -165,6 +165,13 @@ if TYPE_CHECKING:
         TrainingStudy,
         read_truth,
     )
+    from model.measurer.proposals import (
+        Proposal,
+        ProposalRule,
+        contrast_proposals,
+        uncovered,
+        window_to_hu,
+    )
     from model.measurer.protocol import (
         Measurer,
     )
@@ -376,6 +383,13 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "best_plane",
         "search_points",
     ),
+    "model.measurer.proposals": (
+        "Proposal",
+        "ProposalRule",
+        "contrast_proposals",
+        "uncovered",
+        "window_to_hu",
+    ),
     "model.measurer.pool": (
         "FolderSource",
         "PhantomSource",
@@ -527,6 +541,8 @@ __all__ = [
     "PoolEntry",
     "PoolSettings",
     "Prompted",
+    "Proposal",
+    "ProposalRule",
     "ScoreKind",
     "Segment",
     "Segment3",
@@ -560,6 +576,7 @@ __all__ = [
     "compare",
     "consolidate",
     "contrast_channels",
+    "contrast_proposals",
     "crop_around",
     "default_checkpoint",
     "encode_example",
@@ -619,8 +636,10 @@ __all__ = [
     "summarize",
     "train",
     "truth_segments",
+    "uncovered",
     "unshift_findings",
     "vote_boxes",
+    "window_to_hu",
     "with_values",
     "write_settings",
 ]

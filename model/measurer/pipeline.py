@@ -14,7 +14,11 @@
    :attr:`InferenceOptions.verify_neighbours` (off by default), a candidate the point task sees
    nothing at is asked again one find token away (8 places) and moves to the first place where
    the point task sees its kind (a find step trained at a new scale put some boxes exactly
-   one merged token off);
+   one merged token off); then, with :attr:`InferenceOptions.contrast_proposals` (on by
+   default), asks the point task at each region of the examined planes that differs from the
+   tissue around it and that no candidate covers (``model.measurer.proposals``), and adds a
+   finding of the kind it names there: the small find step misses some lesions, or boxes them
+   one token off on every plane, while the point task, on a finer crop, tells them;
 5. re-centres each finding in the axial plane on the middle of its long axis (or diameter), as
    the axes task draws it on a crop at the grouped centre (the find step's boxes are coarse:
    1.75 mm pixels, centres several mm off), for checkpoints trained on the axes task; then
@@ -73,6 +77,7 @@ from model.measurer.consolidate import (
 from model.measurer.data import axes_example, measure_example, point_example
 from model.measurer.find import FindExample, FindInputs, find_frames, prepare_for_find
 from model.measurer.grouping import (
+    GroupedFinding,
     GroupingRule,
     group_detections,
     merge_duplicates,
@@ -86,8 +91,10 @@ from model.measurer.inference import (
     outcome_for,
 )
 from model.measurer.planes import best_plane, search_points
+from model.measurer.proposals import ProposalRule, contrast_proposals, uncovered, window_to_hu
 from model.measurer.results import (
     MEASUREMENTS_OF,
+    FindingKind,
     Measurement,
     ModelInfo,
     Segment3,
@@ -150,6 +157,10 @@ class InferenceOptions:
     contrast_tubes: bool = True
     tube_min_hu: float = TUBE_MIN_HU
     drop_air_centred: bool = True  # a finding whose centre is air (< -500 HU) is dropped
+    # regions of the find planes that differ from the tissue, where no find candidate is, are
+    # asked to the point task, which decides whether and what a finding is there
+    contrast_proposals: bool = True
+    proposals: ProposalRule = field(default_factory=ProposalRule)
     vessel_min_hu: float = VESSEL_MIN_HU  # "contrast-filled" for both rules above
     grouping: GroupingRule = field(default_factory=GroupingRule)
     supported: SupportedRange = field(default_factory=SupportedRange)
@@ -234,13 +245,17 @@ class CheckpointMeasurer:
                 f"{self.info.name} {self.info.version} is not calibrated: its values have no "
                 "ranges; run 'radcaliper calibrate' on the checkpoint before using them"
             )
-        grouped, plane_spacing, examined = self._find(volume, warnings)
+        grouped, plane_spacing, examined, proposals = self._find(volume, warnings)
         options = self.options
         verify = options.verify
         if verify is None:
             verify = self.loaded.settings.verify_candidates
         if verify:
             grouped = self._verify(volume, grouped, warnings)
+        if proposals:
+            grouped = grouped + self._decide_proposals(
+                volume, uncovered(proposals, grouped, plane_spacing), warnings
+            )
         if options.recentre:
             grouped = self._recentre(volume, grouped, warnings)
             grouped = merge_duplicates(grouped, plane_spacing, options.grouping)
@@ -361,9 +376,12 @@ class CheckpointMeasurer:
                 "axial slices to find lesions"
             )
 
-    def _find(self, volume: Volume, warnings: list[str]) -> tuple[list[Any], float, int]:
-        """Candidates from the find answers, the distance between examined planes (mm) and how
-        many planes were examined."""
+    def _find(
+        self, volume: Volume, warnings: list[str]
+    ) -> tuple[list[Any], float, int, list[GroupedFinding]]:
+        """Candidates from the find answers, the distance between examined planes (mm), how
+        many planes were examined, and the contrast proposals of those planes (kind: lesion,
+        until the point task names it; none where the option is off)."""
         inputs = self.loaded.settings.find_inputs
         prepared = prepare_for_find(volume, inputs)
         native = prepared.geometry.slice_spacing
@@ -393,7 +411,14 @@ class CheckpointMeasurer:
         detections = plane_detections(voted, planes, prepared.geometry)
         spacing = native * stride
         grouped = group_detections(detections, spacing, self.options.grouping)
-        return grouped, spacing, len(planes)
+        proposals: list[GroupedFinding] = []
+        if self.options.contrast_proposals:
+            hu = window_to_hu(prepared.image[1, planes].numpy(), inputs.wide_window)
+            for p in contrast_proposals(hu, inputs.pixel_mm, self.options.proposals):
+                x, y, z = prepared.index_to_lps([planes[p.plane], p.row, p.column])
+                centre = (float(x), float(y), float(z))
+                proposals.append(GroupedFinding(FindingKind.LESION, centre, p.planes, p.size_mm))
+        return grouped, spacing, len(planes), proposals
 
     def _find_pass(self, windows: torch.Tensor, inputs: FindInputs) -> tuple[list[Any], int]:
         """One find prompt per (P, 2, H, W) plane: the parsed boxes of each (none where the
@@ -412,6 +437,33 @@ class CheckpointMeasurer:
                     logger.debug("malformed find answer: %s", parsed.reason)
                 answers.append(parsed.findings if parsed.success else ())
         return answers, malformed
+
+    def _decide_proposals(
+        self, volume: Volume, proposals: Sequence[GroupedFinding], warnings: list[str]
+    ) -> list[GroupedFinding]:
+        """The proposals where the point task, asked at their centres, names a finding, with
+        its kind; a malformed answer keeps nothing (no evidence for a finding)."""
+        if not proposals:
+            return []
+        inputs = self.loaded.settings.measure_inputs
+        kept, malformed = [], 0
+        batch = self.options.measure_batch
+        for start in range(0, len(proposals), batch):
+            chunk = proposals[start : start + batch]
+            examples = [point_example(volume, p.center_lps_mm, inputs) for p in chunk]
+            for proposal, text in zip(chunk, self._generate(examples, 16), strict=True):
+                parsed = parse_point(text)
+                if not parsed.success:
+                    malformed += 1
+                elif parsed.kind is not None:
+                    kept.append(dataclasses.replace(proposal, kind=parsed.kind))
+        if malformed:
+            warnings.append(
+                f"{malformed} of {len(proposals)} point answers at contrast proposals were "
+                "malformed; nothing was added there"
+            )
+        logger.debug("the point task took %d of %d contrast proposals", len(kept), len(proposals))
+        return kept
 
     def _recentre(self, volume: Volume, grouped: Sequence[Any], warnings: list[str]) -> list[Any]:
         """Move each candidate's axial-plane centre to the middle of the first segment (long

@@ -437,3 +437,52 @@ def test_shifted_find_passes_are_shifted_back_and_voted(
     assert len(grouped) == found and not warnings
     if found:
         assert grouped[0].kind.value == "lesion" and len(grouped[0].planes) == examined
+
+
+def test_the_point_task_decides_on_contrast_proposals(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logic around the point answers (answers fixed here; the test is not about them): a
+    proposal becomes a finding of the kind the point task names; 'none' and a malformed answer
+    add nothing (the malformed one is counted)."""
+    from model.measurer.grouping import GroupedFinding
+    from model.measurer.results import FindingKind
+
+    proposals = [
+        GroupedFinding(FindingKind.LESION, (10.0 * k, 0.0, -100.0), (0, 1), 12.0) for k in range(4)
+    ]
+    answers = ["none", "vessel 21 mm", "lesion 3 x", "lesion 12 x 8 mm"]
+    monkeypatch.setattr(tiny, "_generate", lambda examples, limit: answers[: len(examples)])
+    warnings: list[str] = []
+    kept = tiny._decide_proposals(volume, proposals, warnings)
+    assert [(k.kind, k.center_lps_mm[0]) for k in kept] == [
+        (FindingKind.VESSEL, 10.0),
+        (FindingKind.LESION, 30.0),
+    ]
+    assert warnings == [
+        "1 of 4 point answers at contrast proposals were malformed; nothing was added there"
+    ]
+    assert tiny._decide_proposals(volume, [], warnings) == []
+
+
+def test_contrast_proposals_come_from_the_find_planes_and_have_a_switch(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the find step seeing nothing (answers fixed: the test is about the proposals), the
+    proposals of the find planes lie on the phantom's findings, in patient space; with the
+    option off there are none."""
+    from model.measurer import pipeline
+
+    monkeypatch.setattr(tiny, "_find_pass", lambda windows, inputs: ([()] * len(windows), 0))
+    grouped, _, examined, proposals = tiny._find(volume, [])
+    assert grouped == [] and examined > 0 and proposals
+    truths = generate_phantom(study_seed(77, 0)).findings
+    for proposal in proposals:
+        assert proposal.kind.value == "lesion"  # until the point task names it
+        assert any(
+            np.hypot(*np.subtract(proposal.center_lps_mm[:2], t.center_lps_mm[:2]))
+            <= max(10.0, (t.long_axis_mm or t.diameter_mm or 0.0) / 2)
+            for t in truths
+        ), proposal
+    monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions(contrast_proposals=False))
+    assert tiny._find(volume, [])[3] == []
