@@ -118,6 +118,11 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
   {size["vision_depth"]} blocks x {size["vision_hidden"]}; radcaliper's own 54-token tokenizer.
 - Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks`, `model.measurer.axes`);
   candidates of the find step are confirmed by the point task: {settings["verify_candidates"]}.
+  With the default inference options, regions of the find planes that differ from the tissue
+  around them and that no candidate covers are also asked to the point task, which decides
+  whether and what a finding is there (`model.measurer.proposals`); hyperdense lesions and the
+  vessel are told apart by whether their centre is contrast-filled through the study (tubes,
+  `model.measurer.consolidate`).
 - Inputs: find images {settings["find_inputs"]["size"]} px at {settings["find_inputs"]["pixel_mm"]}
   mm/px with a coordinate frame ({passes}); measure crops {settings["measure_inputs"]["size"]} px at
   {settings["measure_inputs"]["pixel_mm"]} mm/px, window {settings["measure_inputs"]["window"]}.

@@ -166,6 +166,7 @@ if TYPE_CHECKING:
         read_truth,
     )
     from model.measurer.proposals import (
+        BODY_MIN_HU,
         Proposal,
         ProposalRule,
         contrast_proposals,
@@ -384,6 +385,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "search_points",
     ),
     "model.measurer.proposals": (
+        "BODY_MIN_HU",
         "Proposal",
         "ProposalRule",
         "contrast_proposals",
@@ -466,6 +468,7 @@ __all__ = [
     "AIR_HU",
     "AIR_MAX_HU",
     "AXIS_NAMES",
+    "BODY_MIN_HU",
     "BOS",
     "CHANNELS",
     "CONFIGURATIONS",

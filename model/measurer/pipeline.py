@@ -91,7 +91,13 @@ from model.measurer.inference import (
     outcome_for,
 )
 from model.measurer.planes import best_plane, search_points
-from model.measurer.proposals import ProposalRule, contrast_proposals, uncovered, window_to_hu
+from model.measurer.proposals import (
+    BODY_MIN_HU,
+    ProposalRule,
+    contrast_proposals,
+    uncovered,
+    window_to_hu,
+)
 from model.measurer.results import (
     MEASUREMENTS_OF,
     FindingKind,
@@ -412,7 +418,7 @@ class CheckpointMeasurer:
         spacing = native * stride
         grouped = group_detections(detections, spacing, self.options.grouping)
         proposals: list[GroupedFinding] = []
-        if self.options.contrast_proposals:
+        if self.options.contrast_proposals and self._proposals_apply(warnings):
             hu = window_to_hu(prepared.image[1, planes].numpy(), inputs.wide_window)
             for p in contrast_proposals(hu, inputs.pixel_mm, self.options.proposals):
                 x, y, z = prepared.index_to_lps([planes[p.plane], p.row, p.column])
@@ -437,6 +443,22 @@ class CheckpointMeasurer:
                     logger.debug("malformed find answer: %s", parsed.reason)
                 answers.append(parsed.findings if parsed.success else ())
         return answers, malformed
+
+    def _proposals_apply(self, warnings: list[str]) -> bool:
+        """Whether this checkpoint can use contrast proposals: the point task decides on them,
+        and the find step's wide window must tell air from fat (reach ``BODY_MIN_HU``)."""
+        settings = self.loaded.settings
+        if "point" not in settings.tasks:
+            return False
+        level, width = settings.find_inputs.wide_window
+        if level - width / 2 > BODY_MIN_HU:
+            warnings.append(
+                f"contrast proposals were not used: the find step's wide window starts at "
+                f"{level - width / 2:g} HU and cannot tell the body from air (needs "
+                f"<= {BODY_MIN_HU:g} HU); set InferenceOptions.contrast_proposals=False"
+            )
+            return False
+        return True
 
     def _decide_proposals(
         self, volume: Volume, proposals: Sequence[GroupedFinding], warnings: list[str]

@@ -42,7 +42,14 @@ from scipy import ndimage
 from model.measurer.grouping import GroupedFinding
 from model.measurer.results import FindingKind
 
-__all__ = ["Proposal", "ProposalRule", "contrast_proposals", "uncovered", "window_to_hu"]
+__all__ = [
+    "BODY_MIN_HU",
+    "Proposal",
+    "ProposalRule",
+    "contrast_proposals",
+    "uncovered",
+    "window_to_hu",
+]
 
 BODY_MIN_HU = -190.0  # air is -1000 HU (-200 in the find step's wide window), fat -100 HU
 FAT_HU = -100.0  # the phantom spec's fat rim

@@ -112,12 +112,11 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
     """Eight held-out studies (a run seed never used in training or calibration).
 
     A regression guard at the level the model card reports for the shipped demo model (lesions
-    >= 10 mm: recall about 0.92 at about 0.09 false findings per study on held-out sets; long-axis
-    MAE about 1 mm), not all of issue 5's targets (recall >= 0.95 is missed;
-    benchmarks/RESULTS.md): most vessels and at least 70 % of the lesions >= 10 mm are found,
-    at most one false finding in four studies, and what is found is measured near the truth
-    with 90 % ranges (0.3.0 on these studies: 14/15 lesions, 5/5 vessels, 1 false, median
-    errors 0.53 and 0.28 mm; 0.2.5: 8/15, 5/5, 0 false)."""
+    >= 10 mm: recall about 0.99 at about 0.09 false findings per study on held-out sets; long-axis
+    MAE about 1 mm): most vessels and at least 90 % of the lesions >= 10 mm are found, at most
+    one false finding in four studies, and what is found is measured near the truth with 90 %
+    ranges (0.3.3 on these studies: 15/15 lesions, 5/5 vessels, 1 false, median errors 0.29
+    and 0.34 mm; without its contrast proposals 14/15; 0.3.0: 14/15; 0.2.5: 8/15)."""
     measurer = CheckpointMeasurer.load(DEMO)
     assert measurer.info.name == "radcaliper-demo" and measurer.info.not_for_clinical_use
     assert measurer.loaded.settings.calibration is not None  # shipped calibrated
@@ -146,7 +145,7 @@ def test_the_demo_model_finds_and_measures_held_out_phantoms() -> None:
             assert value.value_mm is not None and expected is not None
             errors[truth.kind].append(abs(value.value_mm - expected))
     assert found["vessel"] >= 0.8 * total["vessel"], (found, total)
-    assert found["lesion"] >= 0.7 * total["lesion"], (found, total)
+    assert found["lesion"] >= 0.9 * total["lesion"], (found, total)
     assert false <= 2, false
     assert float(np.median(errors["lesion"])) < 1.5, errors
     assert float(np.median(errors["vessel"])) < 0.5, errors
@@ -486,3 +485,22 @@ def test_contrast_proposals_come_from_the_find_planes_and_have_a_switch(
         ), proposal
     monkeypatch.setattr(tiny, "options", pipeline.InferenceOptions(contrast_proposals=False))
     assert tiny._find(volume, [])[3] == []
+
+
+def test_contrast_proposals_are_left_out_where_the_checkpoint_cannot_use_them(
+    tiny: CheckpointMeasurer, volume: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No point task: nothing decides on a proposal, so none is made; a wide window that does
+    not reach air: none either, and the result says why."""
+    monkeypatch.setattr(tiny, "_find_pass", lambda windows, inputs: ([()] * len(windows), 0))
+    settings = tiny.loaded.settings
+    narrow = dataclasses.replace(settings.find_inputs, wide_window=(40.0, 400.0))  # -160..240
+    for changed, said in (
+        (dataclasses.replace(settings, tasks=("find", "measure")), []),
+        (dataclasses.replace(settings, find_inputs=narrow), ["starts at -160 HU"]),
+    ):
+        monkeypatch.setattr(tiny, "loaded", dataclasses.replace(tiny.loaded, settings=changed))
+        warnings: list[str] = []
+        assert tiny._find(volume, warnings)[3] == []
+        assert len(warnings) == len(said)
+        assert all(s in w and "contrast_proposals" in w for s, w in zip(said, warnings))
