@@ -503,4 +503,5 @@ def test_contrast_proposals_are_left_out_where_the_checkpoint_cannot_use_them(
         warnings: list[str] = []
         assert tiny._find(volume, warnings)[3] == []
         assert len(warnings) == len(said)
-        assert all(s in w and "contrast_proposals" in w for s, w in zip(said, warnings))
+        for text, warning in zip(said, warnings, strict=True):
+            assert text in warning and "contrast_proposals" in warning
