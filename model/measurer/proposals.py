@@ -11,11 +11,12 @@ a proposal becomes a finding only where the point task names a kind (``model.mea
 A proposal is a connected region of the examined planes (3-D, face-connected) whose smoothed HU
 differs from the background by more than a threshold, with the background being
 
-- the *soft tissue*: the median of the body's interior (the phantom spec's tissue is uniform,
-  30-60 HU, and lesions and the vessel cover a small part of it), and
-- the *fat rim* (spec: -100 HU, 5-20 mm thick), found as the fat-like region connected to the
-  body's edge; the tissue next to it (``rim_margin_mm``) proposes nothing, as smoothing mixes
-  the two there. Only what is brighter than fat proposes inside the rim.
+- the *soft tissue*: the most common smoothed value inside the fat rim (the phantom spec's
+  tissue is uniform, 30-60 HU, and lesions and the vessel cover a small part of it), and
+- the *fat rim* (spec: -100 HU, 5-20 mm thick), found as the fat-like region (below -35 HU,
+  halfway between fat and the darkest tissue) connected to the body's edge; the tissue next to
+  it and to the body's edge (``rim_margin_mm``) proposes nothing, as smoothing mixes the two
+  there. Inside the rim, only what is brighter than the tissue proposes.
 
 The threshold follows the noise: ``max(min_contrast_hu, noise_factor * sd)`` with ``sd`` the
 robust spread of the smoothed tissue. The spec's lesions differ from tissue by 40-120 HU and its
@@ -153,9 +154,8 @@ def contrast_proposals(
         return []
     tissue, spread = _tissue_level(smooth[tissue_zone])
     threshold = max(rule.min_contrast_hu, rule.noise_factor * spread)
-    bright = (tissue_zone & (smooth > tissue + threshold)) | (
-        rim & (smooth > FAT_HU + threshold) & (smooth > tissue + threshold)
-    )
+    # inside the fat rim, what is brighter than the tissue (and so than fat) is proposed too
+    bright = (tissue_zone | rim) & (smooth > max(tissue, FAT_HU) + threshold)
     dark = tissue_zone & (smooth < tissue - threshold)
     found: list[Proposal] = []
     for mask in (bright, dark):
