@@ -467,18 +467,14 @@ class CheckpointMeasurer:
         its kind; a malformed answer keeps nothing (no evidence for a finding)."""
         if not proposals:
             return []
-        inputs = self.loaded.settings.measure_inputs
         kept, malformed = [], 0
-        batch = self.options.measure_batch
-        for start in range(0, len(proposals), batch):
-            chunk = proposals[start : start + batch]
-            examples = [point_example(volume, p.center_lps_mm, inputs) for p in chunk]
-            for proposal, text in zip(chunk, self._generate(examples, 16), strict=True):
-                parsed = parse_point(text)
-                if not parsed.success:
-                    malformed += 1
-                elif parsed.kind is not None:
-                    kept.append(dataclasses.replace(proposal, kind=parsed.kind))
+        texts = self._point_texts(volume, [p.center_lps_mm for p in proposals])
+        for proposal, text in zip(proposals, texts, strict=True):
+            parsed = parse_point(text)
+            if not parsed.success:
+                malformed += 1
+            elif parsed.kind is not None:
+                kept.append(dataclasses.replace(proposal, kind=parsed.kind))
         if malformed:
             warnings.append(
                 f"{malformed} of {len(proposals)} point answers at contrast proposals were "
@@ -551,23 +547,19 @@ class CheckpointMeasurer:
         its kind wins over the find step's (it sees the finding at a higher resolution)."""
         if not grouped:
             return []
-        inputs = self.loaded.settings.measure_inputs
         kept = []
         unseen = []
         malformed = 0
-        batch = self.options.measure_batch
-        for start in range(0, len(grouped), batch):
-            chunk = grouped[start : start + batch]
-            examples = [point_example(volume, g.center_lps_mm, inputs) for g in chunk]
-            for candidate, text in zip(chunk, self._generate(examples, 16), strict=True):
-                parsed = parse_point(text)
-                if not parsed.success:
-                    malformed += 1
-                    kept.append(candidate)  # no answer is no evidence against it
-                elif parsed.kind is None:
-                    unseen.append(candidate)
-                else:
-                    kept.append(dataclasses.replace(candidate, kind=parsed.kind))
+        texts = self._point_texts(volume, [g.center_lps_mm for g in grouped])
+        for candidate, text in zip(grouped, texts, strict=True):
+            parsed = parse_point(text)
+            if not parsed.success:
+                malformed += 1
+                kept.append(candidate)  # no answer is no evidence against it
+            elif parsed.kind is None:
+                unseen.append(candidate)
+            else:
+                kept.append(dataclasses.replace(candidate, kind=parsed.kind))
         dropped = len(unseen)
         if self.options.verify_neighbours and unseen:
             moved = self._verify_neighbours(volume, unseen)
@@ -593,12 +585,7 @@ class CheckpointMeasurer:
             for x, y, z in (c.center_lps_mm for c in unseen)
             for dx, dy in offsets
         ]
-        inputs = self.loaded.settings.measure_inputs
-        texts: list[str] = []
-        batch = self.options.measure_batch
-        for start in range(0, len(centres), batch):
-            chunk = centres[start : start + batch]
-            texts += self._generate([point_example(volume, c, inputs) for c in chunk], 16)
+        texts = self._point_texts(volume, centres)
         n = len(offsets)
         moved = []
         for k, candidate in enumerate(unseen):
@@ -648,6 +635,18 @@ class CheckpointMeasurer:
             is_tube(_centre_profile(volume, g.center_lps_mm), self.options.tube_min_hu)
             for g in grouped
         ]
+
+    def _point_texts(
+        self, volume: Volume, centres: Sequence[tuple[float, float, float]]
+    ) -> list[str]:
+        """The point task's answers at ``centres`` (LPS mm), in batches of ``measure_batch``."""
+        inputs = self.loaded.settings.measure_inputs
+        texts: list[str] = []
+        batch = self.options.measure_batch
+        for start in range(0, len(centres), batch):
+            chunk = centres[start : start + batch]
+            texts += self._generate([point_example(volume, c, inputs) for c in chunk], 16)
+        return texts
 
     def _generate(self, examples: Sequence[Any], max_new_tokens: int) -> list[str]:
         return generate_texts(

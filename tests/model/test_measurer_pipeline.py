@@ -275,7 +275,7 @@ def test_the_contrast_filled_rule_has_its_own_switch_and_threshold(
             True,
         ),
     }
-    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40))
+    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40, []))
     monkeypatch.setattr(
         tiny, "_measure", lambda v, grouped, s, w: (grouped, [measured[g.kind] for g in grouped])
     )
@@ -335,7 +335,7 @@ def test_tubes_decide_a_lesion_and_a_vessel_at_one_place(
         values = (MeasurementName.LONG_AXIS, 30.0), (MeasurementName.SHORT_AXIS, 28.0)
         return MeasureOutcome(tuple(Measurement(n, v) for n, v in values), "", True)
 
-    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40))
+    monkeypatch.setattr(tiny, "_find", lambda volume, warnings: ([vessel, lesion], 2.0, 40, []))
     monkeypatch.setattr(
         tiny, "_measure", lambda v, grouped, s, w: (grouped, [measured(g.kind) for g in grouped])
     )
@@ -431,7 +431,7 @@ def test_shifted_find_passes_are_shifted_back_and_voted(
         tiny, "options", pipeline.InferenceOptions(find_voting=voting, find_batch=1000)
     )
     warnings: list[str] = []
-    grouped, _, examined = tiny._find(volume, warnings)
+    grouped, _, examined, _ = tiny._find(volume, warnings)
     assert calls == [examined, examined]  # every examined plane, once per pass
     assert len(grouped) == found and not warnings
     if found:
