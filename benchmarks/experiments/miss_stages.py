@@ -8,7 +8,10 @@ in the axial plane and within the lesion's cranio-caudal half-extent (at least 5
 Steps: ``raw`` (a box in any shifted find pass), ``voted`` (kept by the vote), ``grouped``
 (a 3-D finding), ``verified`` (the point task saw a finding there), ``measured`` (centre after
 re-centring and the best-plane move), ``final`` (after the air and consolidation rules; a match
-here of the wrong kind is reported as ``kind``).
+here of the wrong kind is reported as ``kind``). Each lost lesion also says what the contrast
+proposals did there: ``no proposal``, ``proposal covered`` (a find candidate was near, so it was
+not asked), ``proposal declined`` (the point task answered none or malformed) or ``proposal
+kept`` (kept, then lost at a later step).
 
 Usage: python benchmarks/experiments/miss_stages.py CHECKPOINT DATA [THREADS]
 """
@@ -66,12 +69,17 @@ def group(found: Any, spacing: float, rule: Any = None) -> Any:
 pipeline.unshift_findings = unshift
 pipeline.plane_detections = detections
 pipeline.group_detections = group
-for step in ("_verify", "_measure"):
+for step in ("_find", "_decide_proposals", "_verify", "_measure"):
     original = getattr(measurer, step)
 
     def wrapped(*args: Any, _original: Any = original, _step: str = step) -> Any:
         out = _original(*args)
-        record[_step] = out[0] if _step == "_measure" else out
+        if _step == "_find":
+            record["proposals"] = out[3]
+        elif _step == "_decide_proposals":
+            record["asked"], record["kept"] = args[1], out
+        else:
+            record[_step] = out[0] if _step == "_measure" else out
         return out
 
     setattr(measurer, step, wrapped)
@@ -119,6 +127,19 @@ for index in range(len(source.folders)):
             before = near(truth, record["_measure"])
             where += " measured as " + ",".join(g.kind.value for g in before)
         lost[where] += 1
+        proposal = next(
+            (
+                label
+                for label, key in (
+                    ("proposal kept", "kept"),
+                    ("proposal declined", "asked"),
+                    ("proposal covered", "proposals"),
+                )
+                if near(truth, record.get(key, []))
+            ),
+            "no proposal",
+        )
+        where += f" ({proposal})"
         print(
             f"{study.name} lesion {truth.long_axis_mm:.1f} x {truth.short_axis_mm:.1f} mm, "
             f"cc {truth.cc_extent_mm:.1f} mm, contrast {truth.contrast_hu:+.0f} HU: lost at {where}"

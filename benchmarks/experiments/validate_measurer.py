@@ -1,7 +1,8 @@
 """Exploratory (issue 5): a checkpoint on validation phantoms, lesion recall by size.
 
 Prints lesion recall (>= 10 mm, and by long axis 10-20 / 20-30 / >= 30 mm), false findings per
-study, vessel recall, MAE and seconds per study, for the studies under DATA (written with
+study, vessel recall, MAE, the 90th percentile of the absolute errors and how many are over
+10 mm, and seconds per study, for the studies under DATA (written with
 ``radcaliper phantoms`` or ``ingestion.phantoms.write_phantoms``; use run seeds that are neither
 training, calibration nor evaluation seeds, e.g. 5555 and 6666). ``OPTS`` (environment, JSON)
 sets ``InferenceOptions`` fields, e.g. ``OPTS='{"verify": false}'`` or
@@ -13,8 +14,10 @@ Usage: python benchmarks/experiments/validate_measurer.py CHECKPOINT DATA [THREA
 import json
 import os
 import sys
+from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -52,4 +55,16 @@ print(
     f"{e.vessel_recall:.3f}; MAE "
     + " / ".join(f"{k} {v:.2f}" for k, v in sorted(e.mae_mm.items()))
     + f" mm; {e.seconds_median:.2f} s per study; {e.malformed_find_answers} malformed find answers"
+)
+errors: dict[str, list[float]] = defaultdict(list)
+for outcome in evaluation.outcomes:
+    for m in outcome.measurements:
+        if m.value_mm is not None:
+            errors[m.name.value].append(abs(m.value_mm - m.true_mm))
+print(
+    "absolute errors: "
+    + ", ".join(
+        f"{name} q90 {np.quantile(v, 0.9):.2f} mm, {sum(e > 10 for e in v)} over 10 mm"
+        for name, v in sorted(errors.items())
+    )
 )

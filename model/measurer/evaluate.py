@@ -61,17 +61,17 @@ def match_findings(
     truth: Sequence[TruthFinding], reported: Sequence[StudyFinding]
 ) -> list[tuple[int, int]]:
     """(truth index, reported index) pairs: same kind, within the match radius in the axial
-    plane, nearest pairs first, each finding used once."""
+    plane (the spec's rule), each finding used once, nearest pairs in 3-D first: two lesions
+    stacked along z at the same place in the plane are each paired with the finding at their
+    own level, not crosswise."""
     candidates = []
     for i, t in enumerate(truth):
         for j, r in enumerate(reported):
             if r.kind.value != t.kind:
                 continue
-            distance = math.hypot(
-                r.center_lps_mm[0] - t.center_lps_mm[0], r.center_lps_mm[1] - t.center_lps_mm[1]
-            )
-            if distance <= _radius(t):
-                candidates.append((distance, i, j))
+            dx, dy, dz = (r.center_lps_mm[k] - t.center_lps_mm[k] for k in range(3))
+            if math.hypot(dx, dy) <= _radius(t):
+                candidates.append((math.hypot(dx, dy, dz), i, j))
     used_truth: set[int] = set()
     used_reported: set[int] = set()
     pairs = []

@@ -537,7 +537,7 @@ class CheckpointMeasurer:
         for g, candidates in zip(grouped, points, strict=True):
             chunk = answers[start : start + len(candidates)]
             start += len(candidates)
-            best = best_plane(chunk)
+            best = best_plane(chunk, [c[2] - g.center_lps_mm[2] for c in candidates])
             kept.append(dataclasses.replace(g, center_lps_mm=candidates[best]))
             outcomes.append(chunk[best])
         return kept, outcomes

@@ -11,6 +11,16 @@ Vessels (cylinders along z) are measured at their centre only.
 On validation phantoms (demo checkpoint, runs 5555 and 6666, 84 matched lesions) six planes to
 either side took the long-axis MAE from 2.15 / 4.09 mm to 1.41 / 1.39 mm and the short-axis
 MAE from 1.24 / 2.82 to 0.72 / 0.91 mm; more planes changed nothing (``benchmarks/RESULTS.md``).
+
+Only planes still on the lesion compete. Off a lesion the model is asked to measure something
+that is not there: the demo model then answers about 9 mm (the small end of its training sizes)
+and, now and then, a wild 58-59 mm, or measures a neighbouring lesion above or below. Kept
+blindly, the largest answer was such a plane (held-out: 22.5 mm lesions reported at 58 mm, the
+centre moved 18 mm off the lesion). A lesion's long axis along z rises to its middle and falls
+after it, so walking out from the centre on each side, a fall followed by a rise is a second
+structure: once the answers have fallen more than the tolerance (``max(RISE_MM, RISE_FRACTION
+x the lowest answer since the peak)``) below the largest so far, the first answer more than the
+tolerance above the lowest ends the search on that side, and planes from there on are not kept.
 """
 
 from __future__ import annotations
@@ -23,7 +33,11 @@ from ingestion.volume import Volume
 from model.measurer.inference import MeasureOutcome
 from model.measurer.results import FindingKind
 
-__all__ = ["best_plane", "search_points"]
+__all__ = ["RISE_FRACTION", "RISE_MM", "best_plane", "search_points"]
+
+#: how far the long axis must fall and then rise again along z to end the search on a side
+RISE_MM = 3.0
+RISE_FRACTION = 0.2
 
 Point = tuple[float, float, float]
 
@@ -51,15 +65,48 @@ def search_points(
     return points
 
 
-def best_plane(outcomes: Sequence[MeasureOutcome]) -> int:
-    """The outcome to keep: the parsed one whose first measurement (long axis, or diameter) is
-    largest, the earliest (the centre, then the nearest planes) on ties; the centre's (index 0)
-    when none parsed, so that its reason is what the result reports."""
+def best_plane(outcomes: Sequence[MeasureOutcome], offsets_mm: Sequence[float]) -> int:
+    """The outcome to keep: among the planes still on the lesion (module doc), the parsed one
+    whose first measurement (long axis, or diameter) is largest, the earliest (the centre, then
+    the nearest planes) on ties; the centre's (index 0) when none parsed, so that its reason is
+    what the result reports.
+
+    ``offsets_mm`` gives each outcome's plane as its signed distance along z from the centre
+    (0 for the centre, first), as :func:`search_points` places them.
+    """
+    if len(offsets_mm) != len(outcomes):
+        raise ValueError(f"{len(outcomes)} outcomes but {len(offsets_mm)} offsets")
+    values = [_first_value(o) for o in outcomes]
+    on_lesion = [0] if outcomes else []
+    for side in (1.0, -1.0):
+        outward = sorted(
+            (i for i, offset in enumerate(offsets_mm) if offset * side > 0),
+            key=lambda i: abs(offsets_mm[i]),
+        )
+        peak = low = values[0] if values else None
+        for i in outward:
+            value = values[i]
+            if value is None:
+                continue
+            if peak is not None and low is not None:
+                tolerance = max(RISE_MM, RISE_FRACTION * low)
+                if low < peak - tolerance and value > low + tolerance:
+                    break  # fell and rose again: another structure from here on
+            if peak is None or low is None or value > peak:
+                peak = low = value
+            else:
+                low = min(low, value)
+            on_lesion.append(i)
     best, best_value = 0, -np.inf
-    for i, outcome in enumerate(outcomes):
-        if not outcome.parsed:
-            continue
-        value = outcome.measurements[0].value_mm
+    for i in sorted(on_lesion):
+        value = values[i]
         if value is not None and value > best_value:
             best, best_value = i, value
     return best
+
+
+def _first_value(outcome: MeasureOutcome) -> float | None:
+    """The first measurement's value of a parsed outcome; None when malformed or missing."""
+    if not outcome.parsed:
+        return None
+    return outcome.measurements[0].value_mm

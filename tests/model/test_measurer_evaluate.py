@@ -77,6 +77,17 @@ def test_each_finding_matches_once_nearest_first() -> None:
     assert match_findings(truth, found) == [(1, 0)]
 
 
+def test_lesions_stacked_along_z_pair_with_the_finding_at_their_own_level() -> None:
+    # held-out seed 2043 study 177: a 9.3 mm lesion 23 mm below a 20 mm one at the same place in
+    # the plane; the in-plane distance alone paired them crosswise (errors of 11 mm each)
+    truth = [lesion(0.0, long_mm=9.3, z=-119.0), lesion(0.0, long_mm=20.0, z=-96.0)]
+    found = [
+        reported("lesion", 1.0, 9.5, 7.8, z=-118.0),
+        reported("lesion", 0.5, 20.8, 15.6, z=-96.0),
+    ]
+    assert sorted(match_findings(truth, found)) == [(0, 0), (1, 1)]
+
+
 def _outcome(truth: list[TruthFinding], found: list[StudyFinding]) -> StudyOutcome:
     result = StudyResult("1.2", "1.2.3", "P", "x", ModelInfo("m", "1", "rned_corr"), tuple(found))
     pairs = match_findings(truth, found)
