@@ -83,19 +83,22 @@ def best_plane(outcomes: Sequence[MeasureOutcome], offsets_mm: Sequence[float]) 
             (i for i, offset in enumerate(offsets_mm) if offset * side > 0),
             key=lambda i: abs(offsets_mm[i]),
         )
-        peak = low = values[0] if values else None
+        # (largest answer so far, lowest answer since it); None until an answer parsed
+        span = None if not values or values[0] is None else (values[0], values[0])
         for i in outward:
             value = values[i]
             if value is None:
                 continue
-            if peak is not None and low is not None:
+            if span is not None:
+                peak, low = span
                 tolerance = max(RISE_MM, RISE_FRACTION * low)
                 if low < peak - tolerance and value > low + tolerance:
                     break  # fell and rose again: another structure from here on
-            if peak is None or low is None or value > peak:
-                peak = low = value
-            else:
-                low = min(low, value)
+            span = (
+                (value, value)
+                if span is None or value > span[0]
+                else (span[0], min(span[1], value))
+            )
             on_lesion.append(i)
     best, best_value = 0, -np.inf
     for i in sorted(on_lesion):
