@@ -130,6 +130,8 @@ class Study(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     study_instance_uid: Mapped[str] = mapped_column(String(64), unique=True)
     patient_id: Mapped[str] = mapped_column(String(64), index=True)
+    # DICOM PN text of the source (None: not given, NIfTI, or pseudonymised); since 0003
+    patient_name: Mapped[str | None] = mapped_column(String(324))
     study_date: Mapped[str | None] = mapped_column(String(8))
     created_at: Mapped[datetime]
     series: Mapped[list[Series]] = relationship(back_populates="study")

@@ -101,6 +101,7 @@ def _study(session: Session, result: StudyResult, volume: Volume, key: str | Non
         study = Study(
             study_instance_uid=result.study_instance_uid,
             patient_id=pseudonym(result.patient_id, key),
+            patient_name=None if key else volume.identifiers.patient_name,
             study_date=volume.identifiers.study_date,
             created_at=datetime.now(UTC),
         )

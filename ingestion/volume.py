@@ -44,6 +44,7 @@ class Identifiers:
     sop_instance_uids: tuple[str | None, ...]
     frame_numbers: tuple[int | None, ...]
     patient_id: str | None = None
+    patient_name: str | None = None  # DICOM PN as text (``Family^Given``), decoded
     study_date: str | None = None
     series_number: int | None = None
     series_description: str = ""
