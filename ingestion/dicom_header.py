@@ -78,6 +78,7 @@ class SeriesInfo:
     study_date: str | None
     series_number: int | None
     series_description: str
+    patient_name: str | None = None  # PatientName as text (``Family^Given``)
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ def _info(path: Path, ds: Dataset, modality: Modality) -> SeriesInfo:
         study_date=_text(ds, "StudyDate"),
         series_number=_int(ds, "SeriesNumber"),
         series_description=_text(ds, "SeriesDescription") or "",
+        patient_name=_text(ds, "PatientName"),
     )
 
 

@@ -37,6 +37,7 @@ def load_series(ref: SeriesRef) -> Volume:
             sop_instance_uids=tuple(s.sop_instance_uid for s in ref.slices),
             frame_numbers=tuple(None if s.frame is None else s.frame + 1 for s in ref.slices),
             patient_id=info.patient_id,
+            patient_name=info.patient_name,
             study_date=info.study_date,
             series_number=info.series_number,
             series_description=info.series_description,

@@ -221,6 +221,21 @@ def test_identifiers_point_back_to_each_image(tmp_path: Path, write_series: Seri
     assert vol.identifiers.frame_numbers == (None,) * 4
     assert vol.identifiers.series_instance_uid == written.series_uid
     assert vol.identifiers.patient_id == "TEST-0001"
+    assert vol.identifiers.patient_name == "Test^Patient"
+
+
+@pytest.mark.parametrize("name", [None, ""])
+def test_absent_or_empty_patient_name_is_none(
+    tmp_path: Path, write_series: SeriesFactory, name: str | None
+) -> None:
+    def set_name(ds: Dataset, i: int) -> None:
+        if name is None:
+            del ds.PatientName
+        else:
+            ds.PatientName = name
+
+    write_series(tmp_path / "s", n=3, mutate=set_name)
+    assert load_path(tmp_path / "s").volumes[0].identifiers.patient_name is None
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ def test_ras_affine_becomes_lps_in_slice_row_column_order(tmp_path: Path) -> Non
     assert vol.geometry.spacing == pytest.approx((2.5, 0.9, 0.8))
     assert vol.source_format is SourceFormat.NIFTI and vol.modality is None
     assert vol.identifiers.uids_derived and vol.identifiers.study_instance_uid.startswith("2.25.")
+    assert vol.identifiers.patient_name is None  # NIfTI records no patient
 
 
 def test_geometry_round_trips_through_the_writer_affine(tmp_path: Path) -> None:
