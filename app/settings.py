@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from platformdirs import user_data_path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from db.review import CorrectionLimits
 
 __all__ = ["Settings"]
 
@@ -45,6 +48,26 @@ class Settings(BaseSettings):
         description="Site secret: when set, patient IDs are stored as keyed pseudonyms.",
         repr=False,
     )
+    # the plausible range of corrected values (db.review.CorrectionLimits, whose docstring
+    # justifies the defaults): finite, > 0 and at most this many mm
+    max_long_axis_mm: float = Field(
+        default=500.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Largest plausible long axis in mm (corrections above it are refused).",
+    )
+    max_short_axis_mm: float = Field(
+        default=500.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Largest plausible short axis in mm (corrections above it are refused).",
+    )
+    max_diameter_mm: float = Field(
+        default=100.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Largest plausible vessel diameter in mm (corrections above it are refused).",
+    )
 
     @property
     def default_database(self) -> bool:
@@ -57,3 +80,14 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'radcaliper.sqlite3'}"
+
+    @property
+    def correction_limits(self) -> CorrectionLimits:
+        """The ``max_*_mm`` settings as the store's :class:`~db.review.CorrectionLimits`."""
+        from db.review import CorrectionLimits
+
+        return CorrectionLimits(
+            long_axis_mm=self.max_long_axis_mm,
+            short_axis_mm=self.max_short_axis_mm,
+            diameter_mm=self.max_diameter_mm,
+        )

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
         worklist_rows,
     )
     from db.review import (
+        CorrectionLimits,
         review_measurement,
     )
     from db.store import (
@@ -132,7 +133,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "study_measurements",
         "worklist_rows",
     ),
-    "db.review": ("review_measurement",),
+    "db.review": ("CorrectionLimits", "review_measurement"),
     "db.store": (
         "RunIdentity",
         "StoreOutcome",
@@ -153,6 +154,7 @@ __all__ = [
     "AuditEvent",
     "AuditHead",
     "Base",
+    "CorrectionLimits",
     "Finding",
     "LogFilter",
     "Measurement",

@@ -7,33 +7,98 @@ reviewer reloads and decides again. Nothing is lost: the first edit stands, with
 and audit event, and the second is refused whole.
 
 Only reviewers and admins may review; an auditor (or an inactive user) gets ``AccessDeniedError``.
+
+Plausible corrections: a corrected value must be a finite number of mm, > 0 and at most the limit
+of its measurement (:class:`CorrectionLimits`: long and short axis 500 mm, diameter 100 mm by
+default, ``RADCALIPER_MAX_LONG_AXIS_MM`` and friends in the settings). Anything else (1e308, 0,
+-1, NaN) is refused with one message naming the value and the limit, before anything is written.
+The same rule tells the exports and plots which stored values (from a database written before
+the rule, or edited by hand) are implausible (:meth:`CorrectionLimits.problem`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from db.audit import append_event, measurement_state, review_state
+from db.audit import append_event
+from db.coverage import measurement_state, review_state
 from db.models import Measurement, Review, ReviewAction, ReviewStatus, Role, User
 from ingestion.errors import AccessDeniedError, StaleEditError, StorageError
 
-__all__ = ["review_measurement"]
+__all__ = ["CorrectionLimits", "review_measurement"]
 
 _STATUS = {
     ReviewAction.ACCEPT: ReviewStatus.ACCEPTED,
     ReviewAction.CORRECT: ReviewStatus.CORRECTED,
     ReviewAction.REJECT: ReviewStatus.REJECTED,
 }
+_NAMES = ("long_axis", "short_axis", "diameter")  # the measurements (MeasurementName values)
 
 
-def _check(action: ReviewAction, value_mm: float | None, reason: str | None) -> None:
+@dataclass(frozen=True)
+class CorrectionLimits:
+    """The largest plausible value, in mm, of each measurement (a correction above it is
+    refused; exports and plots leave stored values above it out, with a warning).
+
+    The defaults are generous bounds of anatomy, meant to catch slips (a missing decimal point,
+    a pasted number), not to judge a reading: a lesion's long or short axis cannot exceed the
+    body's cross-section, which a CT field of view (at most about 500 mm) holds; a vessel's
+    diameter stays below 100 mm (the aorta, the largest vessel, is about 30 mm, and an aneurysm
+    is treated from 55 mm). A site that measures beyond them raises the limit in the settings
+    (``RADCALIPER_MAX_LONG_AXIS_MM``, ``RADCALIPER_MAX_SHORT_AXIS_MM``,
+    ``RADCALIPER_MAX_DIAMETER_MM``).
+    """
+
+    long_axis_mm: float = 500.0
+    short_axis_mm: float = 500.0
+    diameter_mm: float = 100.0
+
+    def __post_init__(self) -> None:
+        for name in ("long_axis_mm", "short_axis_mm", "diameter_mm"):
+            limit = getattr(self, name)
+            if isinstance(limit, bool) or not isinstance(limit, int | float):
+                raise ValueError(f"{name} must be a number of mm, got {limit!r}")
+            if not (math.isfinite(limit) and limit > 0):
+                raise ValueError(f"{name} must be a finite number of mm > 0, got {limit!r}")
+
+    def limit(self, name: str) -> float:
+        """The limit of measurement ``name`` (long_axis, short_axis or diameter)."""
+        if name not in _NAMES:
+            raise ValueError(f"there is no measurement {name!r}; use one of {', '.join(_NAMES)}")
+        return float(getattr(self, f"{name}_mm"))
+
+    def problem(self, name: str, value_mm: float | None) -> str | None:
+        """Why ``value_mm`` is not a plausible value of measurement ``name``, or None."""
+        label = name.replace("_", " ")
+        if isinstance(value_mm, bool) or not isinstance(value_mm, int | float):
+            return f"the {label} needs a number of mm, got {value_mm!r}"
+        limit = self.limit(name)
+        if math.isfinite(value_mm) and 0 < value_mm <= limit:
+            return None
+        return (
+            f"{value_mm:g} mm is not a plausible {label} (a {label} must be a finite number of "
+            f"mm > 0 and at most {limit:g} mm, the limit set by RADCALIPER_MAX_{name.upper()}_MM)"
+        )
+
+
+def _check(
+    action: ReviewAction,
+    value_mm: float | None,
+    reason: str | None,
+    name: str,
+    limits: CorrectionLimits,
+) -> None:
     if action is ReviewAction.CORRECT:
-        if value_mm is None or not math.isfinite(value_mm) or value_mm < 0:
-            raise ValueError(f"a correction needs a value in mm >= 0, got {value_mm!r}")
+        if value_mm is None:
+            raise ValueError(f"a correction needs a value in mm (the corrected {name})")
+        problem = limits.problem(name, value_mm)
+        if problem is not None:
+            raise ValueError(f"correction refused: {problem}; enter the value in mm")
         if not (reason and reason.strip()):
             raise ValueError("a correction needs a reason")
     elif value_mm is not None:
@@ -51,13 +116,17 @@ def review_measurement(
     seen_version: int,
     value_mm: float | None = None,
     reason: str | None = None,
+    limits: CorrectionLimits | None = None,
 ) -> Measurement:
     """Record one review (in the session's transaction; the caller commits).
+
+    ``limits``: the plausible range of a corrected value (default :class:`CorrectionLimits()`).
 
     Raises:
         AccessDeniedError: the reviewer's role may not review, or the user is inactive.
         StaleEditError: the measurement changed since ``seen_version``.
-        ValueError: a correction without value or reason, a rejection without reason.
+        ValueError: a correction without value or reason, or with a value that is not finite,
+            not > 0 or over its limit; a rejection without reason.
         StorageError: no such measurement.
     """
     action = ReviewAction(action)
@@ -66,7 +135,12 @@ def review_measurement(
             f"user {reviewer.name!r} ({reviewer.role.value}) may not change measurements; "
             "reviewing needs the reviewer or admin role"
         )
-    _check(action, value_mm, reason)
+    name = session.execute(
+        select(Measurement.name).where(Measurement.id == measurement_id)
+    ).scalar_one_or_none()
+    if name is None:
+        raise StorageError(f"there is no measurement {measurement_id}")
+    _check(action, value_mm, reason, name, limits or CorrectionLimits())
     now = datetime.now(UTC)
     done = session.execute(
         update(Measurement)

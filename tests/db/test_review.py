@@ -3,6 +3,7 @@ real concurrent sessions on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ from sqlalchemy import func, select
 from db.audit import verify
 from db.engine import Store
 from db.models import AuditEvent, Measurement, Review, ReviewAction, ReviewStatus, User
-from db.review import review_measurement
+from db.review import CorrectionLimits, review_measurement
 from ingestion.errors import AccessDeniedError, StaleEditError
 
 from db_helpers import first_measurement_id
@@ -62,7 +63,7 @@ def test_accept_correct_reject(store: Store, stored: int, users: dict[str, User]
     [
         ({"action": "correct", "reason": "x"}, "needs a value"),
         ({"action": "correct", "value_mm": 12.0}, "needs a reason"),
-        ({"action": "correct", "value_mm": -1.0, "reason": "x"}, "needs a value"),
+        ({"action": "correct", "value_mm": -1.0, "reason": "x"}, "not a plausible long axis"),
         ({"action": "reject"}, "needs a reason"),
         ({"action": "accept", "value_mm": 3.0}, "only a correction"),
     ],
@@ -176,3 +177,101 @@ def test_concurrent_writers_keep_one_chain(
             .where(Measurement.status == ReviewStatus.ACCEPTED)
         ).scalar_one()
         assert accepted == len(ids)
+
+
+def _measurement_id(store: Store, name: str) -> int:
+    with store.reader() as session:
+        return int(
+            session.execute(select(Measurement.id).where(Measurement.name == name)).scalar_one()
+        )
+
+
+def _counts(store: Store) -> tuple[int, int]:
+    with store.reader() as session:
+        return (
+            session.execute(select(func.count()).select_from(Review)).scalar_one(),
+            session.execute(select(func.count()).select_from(AuditEvent)).scalar_one(),
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown", "limit"),
+    [
+        ("long_axis", 1e308, "1e+308 mm", "500 mm"),
+        ("long_axis", 0.0, "0 mm", "500 mm"),
+        ("short_axis", -1.0, "-1 mm", "500 mm"),
+        ("short_axis", math.nan, "nan mm", "500 mm"),
+        ("long_axis", math.inf, "inf mm", "500 mm"),
+        ("long_axis", 500.5, "500.5 mm", "500 mm"),
+        ("diameter", 100.01, "100.01 mm", "100 mm"),
+    ],
+)
+def test_implausible_corrections_are_refused_and_nothing_is_written(
+    store: Store,
+    stored: int,
+    users: dict[str, User],
+    name: str,
+    value: float,
+    shown: str,
+    limit: str,
+) -> None:
+    mid = _measurement_id(store, name)
+    before = _counts(store)
+    label = name.replace("_", " ")
+    with store.writer() as session, pytest.raises(ValueError) as refused:
+        review_measurement(
+            session, mid, action="correct", value_mm=value, reason="typo", reviewer=users["alice"],
+            seen_version=1,
+        )  # fmt: skip
+    message = str(refused.value)
+    assert message.startswith(f"correction refused: {shown} is not a plausible {label}")
+    assert f"at most {limit}" in message and f"RADCALIPER_MAX_{name.upper()}_MM" in message
+    assert _counts(store) == before
+    with store.reader() as session:
+        row = session.get(Measurement, mid)
+        assert row is not None and row.version == 1 and row.status is ReviewStatus.PENDING
+        assert row.reviewed_value_mm is None
+        assert verify(session).ok
+
+
+def test_plausible_corrections_at_the_limits(
+    store: Store, stored: int, users: dict[str, User]
+) -> None:
+    """The limits are inclusive, and configurable: 120 mm is a diameter once the site allows it."""
+    cases = [("long_axis", 500.0, None), ("short_axis", 0.1, None), ("diameter", 120.0, 150.0)]
+    for name, value, diameter_limit in cases:
+        mid = _measurement_id(store, name)
+        limits = None if diameter_limit is None else CorrectionLimits(diameter_mm=diameter_limit)
+        with store.writer() as session:
+            row = review_measurement(
+                session, mid, action="correct", value_mm=value, reason="measured again",
+                reviewer=users["bob"], seen_version=1, limits=limits,
+            )  # fmt: skip
+            session.commit()
+        assert row.reviewed_value_mm == value and row.status is ReviewStatus.CORRECTED
+    with store.reader() as session:
+        assert verify(session).ok
+
+
+def test_the_default_diameter_limit_refuses_what_a_site_may_allow(
+    store: Store, stored: int, users: dict[str, User]
+) -> None:
+    mid = _measurement_id(store, "diameter")
+    with store.writer() as session, pytest.raises(ValueError, match=r"120 mm .* at most 100 mm"):
+        review_measurement(
+            session, mid, action="correct", value_mm=120.0, reason="aneurysm",
+            reviewer=users["bob"], seen_version=1,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"diameter_mm": 0.0}, "diameter_mm must be a finite number of mm > 0, got 0.0"),
+        ({"long_axis_mm": math.inf}, "long_axis_mm must be a finite number"),
+        ({"short_axis_mm": "500"}, "short_axis_mm must be a number of mm, got '500'"),
+    ],
+)
+def test_limits_are_checked_when_made(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CorrectionLimits(**kwargs)
