@@ -21,6 +21,10 @@ if TYPE_CHECKING:
         review_state,
         verify,
     )
+    from db.coverage import (
+        COVERED_TABLES,
+        row_state,
+    )
     from db.engine import (
         Store,
         connect,
@@ -92,6 +96,10 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "review_state",
         "verify",
     ),
+    "db.coverage": (
+        "COVERED_TABLES",
+        "row_state",
+    ),
     "db.engine": (
         "Store",
         "connect",
@@ -150,6 +158,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
 }
 __all__ = [
+    "COVERED_TABLES",
     "GENESIS",
     "AuditEvent",
     "AuditHead",
@@ -196,6 +205,7 @@ __all__ = [
     "redacted",
     "review_measurement",
     "review_state",
+    "row_state",
     "session_scope",
     "store_result",
     "study_measurements",

@@ -6,11 +6,16 @@ are consecutive from 1: an append locks the one ``audit_head`` row (``SELECT ...
 PostgreSQL; the write transaction's ``BEGIN IMMEDIATE`` on SQLite), takes ``last_id + 1`` and
 moves the head, so concurrent writers queue and the chain never forks.
 
-Measurements and reviews are logged with their values (``details``). :func:`verify` walks the
-chain (an edited event no longer matches its hash; a deleted one leaves a gap in the ids; an
+Every stored fact a reader relies on is logged with its values: users, studies, series, runs,
+findings, measurements and reviews (:mod:`db.coverage` lists the fields). :func:`verify` walks
+the chain (an edited event no longer matches its hash; a deleted one leaves a gap in the ids; an
 inserted or reordered one breaks ``prev_hash``; a truncated tail disagrees with the head), then
-replays the log and compares every measurement and review row with what the log recorded (a row
-changed, added or deleted outside radcaliper shows). The first problem is reported.
+replays the log and compares every covered row with the last state the log recorded for it (a
+row changed, added or deleted outside radcaliper shows). The first problem is reported with its
+table, row id and field.
+
+Memory: per covered row, a digest of its logged state and the id of the event that recorded it;
+a row whose digest differs is compared field by field against that event.
 
 What cannot be detected from inside the database: someone who rewrites the whole chain from some
 event on, head included. Keep the head hash that ``radcaliper audit verify`` prints somewhere else
@@ -20,7 +25,6 @@ event on, head included. Keep the head hash that ``radcaliper audit verify`` pri
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,7 +33,26 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import AuditEvent, AuditHead, Measurement, Review
+from db.coverage import (
+    COVERED_TABLES,
+    canonical_json,
+    canonical_time,
+    logged_states,
+    measurement_state,
+    review_state,
+)
+from db.models import (
+    AuditEvent,
+    AuditHead,
+    Base,
+    Finding,
+    Measurement,
+    Review,
+    Run,
+    Series,
+    Study,
+    User,
+)
 
 __all__ = [
     "GENESIS",
@@ -45,13 +68,6 @@ __all__ = [
 GENESIS = "0" * 64
 
 
-def canonical_time(value: datetime) -> str:
-    """UTC, microseconds, ``Z``: the same text whatever the database returned."""
-    if value.tzinfo is not None:
-        value = value.astimezone(UTC).replace(tzinfo=None)
-    return value.isoformat(timespec="microseconds") + "Z"
-
-
 def event_hash(
     prev_hash: str,
     event_id: int,
@@ -62,7 +78,7 @@ def event_hash(
     object_id: int | None,
     details: Mapping[str, Any],
 ) -> str:
-    payload = json.dumps(
+    payload = canonical_json(
         {
             "id": event_id,
             "at": canonical_time(at),
@@ -71,10 +87,7 @@ def event_hash(
             "object_type": object_type,
             "object_id": object_id,
             "details": details,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        allow_nan=False,
+        }
     )
     return hashlib.sha256((prev_hash + payload).encode()).hexdigest()
 
@@ -115,51 +128,45 @@ def append_event(
     return event
 
 
-# --- what the log records about rows ------------------------------------------------------------
-
-
-def measurement_state(m: Measurement) -> dict[str, Any]:
-    """The fields of a measurement row that the log records (and verify compares)."""
-    return {
-        "finding_id": m.finding_id,
-        "name": m.name,
-        "value_mm": m.value_mm,
-        "range_mm": None if m.range_low_mm is None else [m.range_low_mm, m.range_high_mm],
-        "coverage": m.coverage,
-        "unit": m.unit,
-        "qualifier": m.qualifier,
-        "source": str(m.source),
-        "status": str(m.status),
-        "reviewed_value_mm": m.reviewed_value_mm,
-        "reviewer_id": m.reviewer_id,
-        "reviewed_at": None if m.reviewed_at is None else canonical_time(m.reviewed_at),
-        "version": m.version,
-    }
-
-
-def review_state(r: Review) -> dict[str, Any]:
-    """The fields of a review row that the log records."""
-    return {
-        "measurement_id": r.measurement_id,
-        "action": str(r.action),
-        "value_mm": r.value_mm,
-        "reason": r.reason,
-        "reviewer_id": r.reviewer_id,
-        "created_at": canonical_time(r.created_at),
-    }
-
-
 # --- verification -------------------------------------------------------------------------------
+
+_MODELS: Mapping[str, type[Base]] = {
+    "users": User,
+    "studies": Study,
+    "series": Series,
+    "runs": Run,
+    "findings": Finding,
+    "measurements": Measurement,
+    "reviews": Review,
+}
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`verify`."""
+    """The outcome of :func:`verify`; for a row that differs from the log, its table, row id and
+    field (None when the whole row was added or deleted)."""
 
     ok: bool
     events: int
     head_hash: str
     problem: str | None = None
+    table: str | None = None
+    row_id: int | None = None
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class _Logged:
+    """The last state the log recorded for one row, kept small: the digest of its canonical
+    JSON, the event that recorded it and the (shared) tuple of its field names."""
+
+    digest: bytes
+    event_id: int
+    fields: tuple[str, ...]
+
+
+def _state_digest(state: Mapping[str, Any]) -> bytes:
+    return hashlib.sha256(canonical_json(state).encode()).digest()
 
 
 def _streamed(session: Session, statement: Any) -> Any:
@@ -169,20 +176,29 @@ def _streamed(session: Session, statement: Any) -> Any:
 
 
 def verify(session: Session, *, expected_head: str | None = None) -> VerifyReport:
-    """Check the chain, then every measurement and review row against the log."""
+    """Check the chain, then every covered row (:mod:`db.coverage`) against the log."""
     events = _streamed(session, select(AuditEvent).order_by(AuditEvent.id))
+    logged: dict[str, dict[int, _Logged]] = {table: {} for table in COVERED_TABLES}
     try:
-        return _verify(session, events, expected_head)
+        report = _verify_chain(session, events, expected_head, logged)
     finally:
         events.close()
+    if report.ok:
+        for table in COVERED_TABLES:
+            problem = _compare_table(session, table, logged[table])
+            if problem is not None:
+                return _bad(report.events, report.head_hash, *problem)
+    return report
 
 
-def _verify(
-    session: Session, events: Iterator[AuditEvent], expected_head: str | None
+def _verify_chain(
+    session: Session,
+    events: Iterator[AuditEvent],
+    expected_head: str | None,
+    logged: dict[str, dict[int, _Logged]],
 ) -> VerifyReport:
     previous_id, previous_hash = 0, GENESIS
-    measurements: dict[int, dict[str, Any]] = {}
-    reviews: dict[int, dict[str, Any]] = {}
+    field_names: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per distinct field set
     count = 0
     for event in events:
         count += 1
@@ -211,10 +227,12 @@ def _verify(
                 f"audit event {event.id} ({event.action} by {event.actor}) "
                 "was edited: its content no longer matches its hash",
             )
-        if event.object_type == "measurement" and event.object_id is not None:
-            measurements[event.object_id] = dict(event.details["state"])
-        elif event.object_type == "review" and event.object_id is not None:
-            reviews[event.object_id] = dict(event.details["state"])
+        for table, row_id, state in logged_states(
+            event.object_type, event.object_id, event.details
+        ):
+            names = tuple(state)
+            names = field_names.setdefault(names, names)
+            logged[table][row_id] = _Logged(_state_digest(state), event.id, names)
         previous_id, previous_hash = event.id, event.hash
     head = session.execute(select(AuditHead).where(AuditHead.id == 1)).scalar_one_or_none()
     if head is None or (head.last_id, head.last_hash) != (previous_id, previous_hash):
@@ -232,45 +250,91 @@ def _verify(
             f"the log's head hash {previous_hash[:16]}... is not the "
             f"expected {expected_head[:16]}...: the log was rewritten or truncated",
         )
-    problem = _compare_rows(session, Measurement, measurement_state, measurements, "measurement")
-    problem = problem or _compare_rows(session, Review, review_state, reviews, "review")
-    if problem:
-        return _bad(count, previous_hash, problem)
     return VerifyReport(True, count, previous_hash)
 
 
-def _compare_rows(
-    session: Session,
-    table: type[Measurement] | type[Review],
-    state: Any,
-    logged: dict[int, dict[str, Any]],
-    what: str,
-) -> str | None:
-    rows = _streamed(session, select(table).order_by(table.id))
+_Problem = tuple[str, str, int | None, str | None]  # message, table, row id, field
+
+
+def _compare_table(session: Session, table: str, logged: dict[int, _Logged]) -> _Problem | None:
+    model = _MODELS[table]
+    state = COVERED_TABLES[table]
+    suspects: list[tuple[int, dict[str, Any], _Logged]] = []
+    rows = _streamed(session, select(model).order_by(model.id))  # type: ignore[attr-defined]
     try:
-        return _compare(rows, state, logged, what)
+        for row in rows:
+            row_id: int = row.id
+            expected = logged.pop(row_id, None)
+            if expected is None:
+                return _first_difference(session, table, suspects) or (
+                    f"table {table}, row {row_id}: not in the audit log: it was added outside "
+                    "radcaliper",
+                    table,
+                    row_id,
+                    None,
+                )
+            full = state(row)
+            actual = {name: full.get(name) for name in expected.fields}
+            if _state_digest(actual) != expected.digest:
+                suspects.append((row_id, actual, expected))
+                if len(suspects) >= 100:  # compared below, then go on
+                    problem = _first_difference(session, table, suspects)
+                    if problem is not None:
+                        return problem
+                    suspects.clear()
     finally:
         rows.close()
-
-
-def _compare(rows: Any, state: Any, logged: dict[int, dict[str, Any]], what: str) -> str | None:
-    for row in rows:
-        row_id: int = row.id
-        expected = logged.pop(row_id, None)
-        if expected is None:
-            return f"{what} {row_id} is not in the audit log: it was added outside radcaliper"
-        actual = state(row)
-        for key, value in expected.items():
-            if actual.get(key) != value:
-                return (
-                    f"{what} {row_id}: {key} is {actual.get(key)!r} in the table but "
-                    f"{value!r} in the audit log: the row was changed outside radcaliper"
-                )
+    problem = _first_difference(session, table, suspects)
+    if problem is not None:
+        return problem
     if logged:
         first = min(logged)
-        return f"{what} {first} is in the audit log but not in the table: it was deleted"
+        return (
+            f"table {table}, row {first}: in the audit log (event {logged[first].event_id}) "
+            "but not in the table: it was deleted",
+            table,
+            first,
+            None,
+        )
     return None
 
 
-def _bad(count: int, head: str, problem: str) -> VerifyReport:
-    return VerifyReport(False, count, head, problem)
+def _first_difference(
+    session: Session, table: str, suspects: list[tuple[int, dict[str, Any], _Logged]]
+) -> _Problem | None:
+    """Field by field, for rows whose digest differs from the logged one (the log's own event is
+    read again). Equal values of another JSON spelling (``1`` and ``1.0``) are no difference."""
+    for row_id, actual, expected in suspects:
+        event = session.get(AuditEvent, expected.event_id)
+        recorded = {} if event is None else _recorded(event, table, row_id)
+        for name in expected.fields:
+            if actual.get(name) != recorded.get(name):
+                return (
+                    f"table {table}, row {row_id}, field {name}: {actual.get(name)!r} in the "
+                    f"table but {recorded.get(name)!r} in the audit log (event "
+                    f"{expected.event_id}): the row was changed outside radcaliper",
+                    table,
+                    row_id,
+                    name,
+                )
+    return None
+
+
+def _recorded(event: AuditEvent, table: str, row_id: int) -> dict[str, Any]:
+    for logged_table, logged_id, state in logged_states(
+        event.object_type, event.object_id, event.details
+    ):
+        if (logged_table, logged_id) == (table, row_id):
+            return dict(state)
+    return {}
+
+
+def _bad(
+    count: int,
+    head: str,
+    problem: str,
+    table: str | None = None,
+    row_id: int | None = None,
+    field: str | None = None,
+) -> VerifyReport:
+    return VerifyReport(False, count, head, problem, table, row_id, field)

@@ -17,11 +17,13 @@ __all__ = ["alembic_config", "current", "downgrade", "head_revision", "upgrade"]
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
-def alembic_config(url: str) -> Config:
-    """An Alembic configuration for ``url`` (no ini file)."""
+def alembic_config(url: str, *, actor: str | None = None) -> Config:
+    """An Alembic configuration for ``url`` (no ini file); ``actor`` signs off what a migration
+    records in the audit log (default ``migration``)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["url"] = url  # read by migrations/env.py (not interpolated like options)
+    config.attributes["actor"] = actor or "migration"
     return config
 
 
@@ -32,9 +34,10 @@ def head_revision() -> str:
     return head
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` up to ``revision``."""
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", *, actor: str | None = None) -> None:
+    """Bring the database at ``url`` up to ``revision``; ``actor`` (e.g. ``cli:<OS user>``)
+    signs off the audit baseline a migration records."""
+    command.upgrade(alembic_config(url, actor=actor), revision)
 
 
 def downgrade(url: str, revision: str) -> None:

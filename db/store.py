@@ -21,7 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.audit import append_event, measurement_state
+from db.audit import append_event
+from db.coverage import measurement_state, states_detail
 from db.models import (
     Finding,
     Measurement,
@@ -93,59 +94,65 @@ def find_run(
     ).scalar_one_or_none()
 
 
-def _study(session: Session, result: StudyResult, volume: Volume, key: str | None) -> Study:
+def _study(
+    session: Session, result: StudyResult, volume: Volume, key: str | None
+) -> tuple[Study, bool]:
+    """The study row, and whether it was added now."""
     study = session.execute(
         select(Study).where(Study.study_instance_uid == result.study_instance_uid)
     ).scalar_one_or_none()
-    if study is None:
-        study = Study(
-            study_instance_uid=result.study_instance_uid,
-            patient_id=pseudonym(result.patient_id, key),
-            patient_name=None if key else volume.identifiers.patient_name,
-            study_date=volume.identifiers.study_date,
-            created_at=datetime.now(UTC),
-        )
-        session.add(study)
-        session.flush()
-    return study
+    if study is not None:
+        return study, False
+    study = Study(
+        study_instance_uid=result.study_instance_uid,
+        patient_id=pseudonym(result.patient_id, key),
+        patient_name=None if key else volume.identifiers.patient_name,
+        study_date=volume.identifiers.study_date,
+        created_at=datetime.now(UTC),
+    )
+    session.add(study)
+    session.flush()
+    return study, True
 
 
-def _series(session: Session, study: Study, volume: Volume) -> Series:
+def _series(session: Session, study: Study, volume: Volume) -> tuple[Series, bool]:
+    """The series row, and whether it was added now."""
     uid = volume.identifiers.series_instance_uid
     series = session.execute(
         select(Series).where(Series.series_instance_uid == uid)
     ).scalar_one_or_none()
-    if series is None:
-        geometry = volume.geometry
-        slices, rows, columns = volume.shape
-        series = Series(
-            study_id=study.id,
-            series_instance_uid=uid,
-            modality=None if volume.modality is None else str(volume.modality),
-            description=volume.identifiers.series_description[:256],
-            source_format=str(volume.source_format),
-            shape={"slices": slices, "rows": rows, "columns": columns},
-            spacing_mm={
-                "slice": geometry.slice_spacing,
-                "row": geometry.row_spacing,
-                "column": geometry.column_spacing,
-            },
-            sop_instance_uids={
-                "uids": list(volume.identifiers.sop_instance_uids),
-                "frames": list(volume.identifiers.frame_numbers),
-            },
-            geometry={
-                "origin": list(geometry.origin),
-                "row_direction": list(geometry.row_direction),
-                "column_direction": list(geometry.column_direction),
-                "slice_direction": list(geometry.slice_direction),
-                "spacing": list(geometry.spacing),
-            },
-            created_at=datetime.now(UTC),
-        )
-        session.add(series)
-        session.flush()
-    return series
+    if series is not None:
+        return series, False
+    geometry = volume.geometry
+    slices, rows, columns = volume.shape
+    series = Series(
+        study_id=study.id,
+        series_instance_uid=uid,
+        modality=None if volume.modality is None else str(volume.modality),
+        description=volume.identifiers.series_description[:256],
+        source_format=str(volume.source_format),
+        shape={"slices": slices, "rows": rows, "columns": columns},
+        spacing_mm={
+            "slice": geometry.slice_spacing,
+            "row": geometry.row_spacing,
+            "column": geometry.column_spacing,
+        },
+        sop_instance_uids={
+            "uids": list(volume.identifiers.sop_instance_uids),
+            "frames": list(volume.identifiers.frame_numbers),
+        },
+        geometry={
+            "origin": list(geometry.origin),
+            "row_direction": list(geometry.row_direction),
+            "column_direction": list(geometry.column_direction),
+            "slice_direction": list(geometry.slice_direction),
+            "spacing": list(geometry.spacing),
+        },
+        created_at=datetime.now(UTC),
+    )
+    session.add(series)
+    session.flush()
+    return series, True
 
 
 def store_result(
@@ -187,8 +194,8 @@ def _insert(
     started_at: datetime,
     key: str | None,
 ) -> Run:
-    study = _study(session, result, volume, key)
-    series = _series(session, study, volume)
+    study, new_study = _study(session, result, volume, key)
+    series, new_series = _series(session, study, volume)
     model = result.model
     run = Run(
         series_id=series.id,
@@ -207,6 +214,31 @@ def _insert(
     )
     session.add(run)
     session.flush()
+    uids, frames = volume.identifiers.sop_instance_uids, volume.identifiers.frame_numbers
+    findings = []
+    for found in result.findings:
+        finding = Finding(
+            run_id=run.id,
+            number=found.id,
+            kind=found.kind.value,
+            center_x_mm=float(found.center_lps_mm[0]),
+            center_y_mm=float(found.center_lps_mm[1]),
+            center_z_mm=float(found.center_lps_mm[2]),
+            slice_index=int(found.slice_index),
+            sop_instance_uid=uids[found.slice_index] if found.slice_index < len(uids) else None,
+            frame_number=frames[found.slice_index] if found.slice_index < len(frames) else None,
+            axes_lps_mm=None
+            if found.axes_lps_mm is None
+            else {
+                "segments": [
+                    [[float(c) for c in point] for point in segment]
+                    for segment in found.axes_lps_mm
+                ]
+            },
+        )
+        session.add(finding)
+        findings.append(finding)
+    session.flush()
     append_event(
         session,
         actor=actor,
@@ -220,26 +252,17 @@ def _insert(
             "checkpoint_hash": identity.checkpoint_hash,
             "input_fingerprint": identity.input_fingerprint,
             "findings": len(result.findings),
+            "rows": states_detail(
+                {
+                    "studies": [study] if new_study else [],
+                    "series": [series] if new_series else [],
+                    "runs": [run],
+                    "findings": findings,
+                }
+            ),
         },
     )
-    uids, frames = volume.identifiers.sop_instance_uids, volume.identifiers.frame_numbers
-    for found in result.findings:
-        finding = Finding(
-            run_id=run.id,
-            number=found.id,
-            kind=found.kind.value,
-            center_x_mm=found.center_lps_mm[0],
-            center_y_mm=found.center_lps_mm[1],
-            center_z_mm=found.center_lps_mm[2],
-            slice_index=found.slice_index,
-            sop_instance_uid=uids[found.slice_index] if found.slice_index < len(uids) else None,
-            frame_number=frames[found.slice_index] if found.slice_index < len(frames) else None,
-            axes_lps_mm=None
-            if found.axes_lps_mm is None
-            else {"segments": [[list(p) for p in s] for s in found.axes_lps_mm]},
-        )
-        session.add(finding)
-        session.flush()
+    for found, finding in zip(result.findings, findings, strict=True):
         for m in found.measurements:
             row = Measurement(
                 finding_id=finding.id,

@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.audit import append_event
+from db.coverage import states_detail
 from db.models import Role, User
 from ingestion.errors import StorageError
 
@@ -98,6 +99,11 @@ def add_user(
         action="user.added",
         object_type="user",
         object_id=user.id,
-        details={"name": name, "role": checked.value, "password": password is not None},
+        details={
+            "name": name,
+            "role": checked.value,
+            "password": password is not None,
+            "rows": states_detail({"users": [user]}),
+        },
     )
     return user

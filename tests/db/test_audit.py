@@ -89,7 +89,11 @@ def test_rows_changed_behind_the_log_are_named(
     with store.engine.begin() as connection:
         connection.execute(update(Measurement).where(Measurement.id == mid).values(value_mm=99.0))
     report = _verify(store)
-    assert not report.ok and f"measurement {mid}: value_mm is 99.0" in (report.problem or "")
+    assert not report.ok
+    assert (report.table, report.row_id, report.field) == ("measurements", mid, "value_mm")
+    assert f"table measurements, row {mid}, field value_mm: 99.0 in the table" in (
+        report.problem or ""
+    )
 
 
 def test_a_review_added_or_removed_behind_the_log_is_named(
@@ -99,13 +103,14 @@ def test_a_review_added_or_removed_behind_the_log_is_named(
     with store.engine.begin() as connection:
         connection.execute(update(Review).values(reason="changed my mind"))
     report = _verify(store)
-    assert not report.ok and "review 1: reason" in (report.problem or "")
+    assert not report.ok and "table reviews, row 1, field reason" in (report.problem or "")
     with store.engine.begin() as connection:
         connection.execute(text("DELETE FROM reviews"))
     report = _verify(store)
-    assert not report.ok and "review 1 is in the audit log but not in the table" in (
+    assert not report.ok and "table reviews, row 1: in the audit log (event" in (
         report.problem or ""
     )
+    assert "but not in the table: it was deleted" in (report.problem or "")
     assert mid > 0
 
 
