@@ -170,6 +170,7 @@ def batch(
     unusable database or model, or another batch in the work folder).
     """
     from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
+    from app.files import owner_only_dir
     from ingestion.errors import ConfigurationError
     from ingestion.selection import SelectionRules
 
@@ -188,6 +189,8 @@ def batch(
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
+    if work is None:  # the work index holds headers: inside the owner-only data dir
+        owner_only_dir(settings.data_dir)
     options = BatchOptions(
         root=root,
         work_dir=work or default_work_dir(settings.data_dir, root),
@@ -199,7 +202,7 @@ def batch(
         actor=cli_actor(),
         pseudonym_key=settings.pseudonym_key,
     )
-    store = open_database(ctx, db)
+    store = open_database(ctx, db, create=True)
     try:
         measurer = load_measurer(model_dir)
         with progress_display() as display:

@@ -89,7 +89,7 @@ def measure(
         for rejected in loaded.rejected[:5]:
             err.print(f"  - {rejected.reason}", markup=False, highlight=False)
         raise typer.Exit(EXIT_NOTHING)
-    store = None if no_store else open_database(ctx, db)
+    store = None if no_store else open_database(ctx, db, create=True)
     measurer = load_measurer(model_dir)
     results = []
     try:
@@ -529,13 +529,16 @@ def serve(
     """
     import uvicorn
 
+    from app.files import owner_only_dir
+    from app.progress import steps_display
     from app.ui.context import UiContext
     from app.ui.demo import seed_demo
     from app.ui.server import APP_PATH, create_app
     from ingestion import Modality
 
     settings = _settings(ctx)
-    store = open_database(ctx, db)
+    owner_only_dir(settings.data_dir)  # uploads, the demo studies, the UI's temporary files
+    store = open_database(ctx, db, create=True)
     context = UiContext(
         store=store,
         model_dir=model_dir,
@@ -544,12 +547,11 @@ def serve(
         pseudonym_key=settings.pseudonym_key,
     )
     if demo if demo is not None else db is None and settings.default_database:
-        with err.status("preparing the demo") as status:
+        with steps_display("preparing the demo") as status:
+            status.update("loading the demo model")
+            measurer = context.measurer()
             passwords = seed_demo(
-                store,
-                context.measurer(),
-                settings.data_dir,
-                on_step=lambda text: status.update(text),
+                store, measurer, settings.data_dir, on_step=lambda text: status.update(text)
             )
         for name, password in passwords.items():
             out.print(f"demo user [bold]{name}[/bold] password: {password}")

@@ -73,13 +73,18 @@ def checked(action: Callable[[], T]) -> T:
         raise typer.Exit(EXIT_NOTHING) from exc
 
 
-def open_database(ctx: typer.Context, db: str | None) -> Any:
-    """The store at ``--db`` / the settings' URL, schema-checked (the default SQLite file is
-    created on first use); exits 2 with the reason when it cannot be used."""
+def open_database(ctx: typer.Context, db: str | None, *, create: bool = False) -> Any:
+    """The store at ``--db`` / the settings' URL, schema-checked; exits 2 with the reason when
+    it cannot be used. A database without any table (a new SQLite file, an empty PostgreSQL
+    database) gets the schema when ``create`` (commands that store) or when it is the default
+    SQLite file; one at another schema version is refused ("run radcaliper db upgrade")."""
+    from app.files import owner_only_dir
     from db.engine import open_store
 
     url, default = _url(ctx, db)
-    return checked(lambda: open_store(url, create_if_empty=default))
+    if default:
+        owner_only_dir(settings_of(ctx).data_dir)
+    return checked(lambda: open_store(url, create_if_empty=create or default))
 
 
 def _when(name: str, value: str | None) -> datetime | None:
@@ -143,7 +148,7 @@ def db_upgrade(
     from db.migrate import current, upgrade
 
     url, _ = _url(ctx, db)
-    checked(lambda: upgrade(url, revision))
+    checked(lambda: upgrade(url, revision, actor=cli_actor()))
     out.print(f"{redacted(url)} is at schema {checked(lambda: current(url))}")
 
 
@@ -196,7 +201,7 @@ def users_add(
     password = None
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
-    store = open_database(ctx, db)
+    store = open_database(ctx, db, create=True)
     try:
         with store.writer() as session:
             try:

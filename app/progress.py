@@ -8,7 +8,7 @@ from typing import Any
 
 from app.console import err
 
-__all__ = ["LineProgress", "progress_display"]
+__all__ = ["LineProgress", "StepLines", "progress_display", "steps_display"]
 
 
 class LineProgress:
@@ -105,3 +105,32 @@ def progress_display() -> Any:
         console=err,
         transient=False,
     )
+
+
+class StepLines:
+    """Steps of a long job without a count (the first start's demo studies) as plain lines with
+    the elapsed time, for logs (stderr not a terminal)."""
+
+    def __init__(self, title: str) -> None:
+        self._title = title
+        self._start = time.monotonic()
+
+    def __enter__(self) -> StepLines:
+        self.update("started")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.update("done")
+
+    def update(self, text: str) -> None:
+        elapsed = time.monotonic() - self._start
+        err.print(f"{self._title}: {text} (elapsed {elapsed:.0f} s)", markup=False, highlight=False)
+
+
+def steps_display(title: str) -> Any:
+    """A spinner with the current step on a terminal; a plain line per step otherwise. Either
+    has ``update(text)``."""
+    if not err.is_terminal:
+        return StepLines(title)
+    return err.status(title)

@@ -5,8 +5,10 @@
   the database lock instead of failing half-way (readers are never blocked in WAL mode).
 - PostgreSQL: ``postgresql://`` URLs use the psycopg (3) driver.
 - ``open_store(url)`` checks that the schema is this radcaliper's (Alembic head) and raises
-  ``SchemaVersionError`` with what to do (``radcaliper db upgrade``); a fresh SQLite file at the
-  default location is created and upgraded on first use.
+  ``SchemaVersionError`` with what to do (``radcaliper db upgrade``); with ``create_if_empty`` a
+  database without any table (a new SQLite file, an empty PostgreSQL database) gets the schema,
+  with one log line.
+- A new SQLite file is created readable by its owner only (0600), in folders created 0700.
 
 Nothing connects at import time.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +67,8 @@ def connect(url: str) -> Engine:
         raise StorageError(f"database {backend!r} is not supported; use SQLite or PostgreSQL")
     if backend == "sqlite":
         database = parsed.database
-        if database and database != ":memory:":
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if database and database != ":memory:" and not database.startswith("file:"):
+            _owner_only_file(Path(database).expanduser())
         engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
         _sqlite_pragmas(engine)
     else:
@@ -73,6 +77,34 @@ def connect(url: str) -> Engine:
         except (ImportError, ArgumentError) as error:
             raise StorageError(f"cannot use {redacted(url)}: {error}") from error
     return engine
+
+
+def _owner_only_file(path: Path) -> None:
+    """Create an SQLite database file readable by its owner only (0600; SQLite gives its WAL
+    and shared-memory files the same mode), and the folders leading to it (0700). An existing
+    file that others may read loses those permissions, with a warning."""
+    missing = []
+    folder = path.parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            created.mkdir(mode=0o700)
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o007 and path.stat().st_uid == os.geteuid():
+        os.chmod(path, mode & ~0o007)
+        logger.warning(
+            "the database file %s was readable by other users (mode %o); they no longer have "
+            "access (mode %o)",
+            path,
+            mode,
+            mode & ~0o007,
+        )
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -152,9 +184,13 @@ def open_store(url: str, *, create_if_empty: bool = False) -> Store:
     try:
         current = _current_revision(engine)
         if current is None and create_if_empty and not inspect(engine).get_table_names():
-            logger.info("creating the radcaliper schema in %s", redacted(url))
             upgrade(url)
             current = _current_revision(engine)
+            logger.warning(
+                "%s was a new, empty database: created the radcaliper schema %s in it",
+                redacted(url),
+                current,
+            )
     except OperationalError as error:
         engine.dispose()
         reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)

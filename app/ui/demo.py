@@ -45,19 +45,25 @@ def seed_demo(
     from ingestion.load import load_path
     from ingestion.phantoms import write_phantoms
 
+    def step(text: str) -> None:
+        if on_step is not None:
+            on_step(text)
+
     passwords: dict[str, str] = {}
     if _count(store, Study) == 0:
         folder = data_dir / "demo-studies"
         if not folder.exists():
+            step(f"writing {DEMO_STUDIES} phantom CT studies")
             write_phantoms(folder, n=DEMO_STUDIES, seed=DEMO_SEED)
-        for study in sorted(p for p in folder.iterdir() if p.is_dir()):
-            if on_step is not None:
-                on_step(f"measuring the demo study {study.name}")
+        studies = sorted(p for p in folder.iterdir() if p.is_dir())
+        for number, study in enumerate(studies, start=1):
+            step(f"measuring demo study {number}/{len(studies)} ({study.name})")
             for volume in load_path(study / "dicom").volumes:
                 measure_and_store(
                     measurer, volume, source=str(study / "dicom"), store=store, actor="demo"
                 )
     if _count(store, User) == 0:
+        step("creating the demo users")
         with store.writer() as session:
             for name, role in DEMO_USERS:
                 passwords[name] = secrets.token_urlsafe(9)

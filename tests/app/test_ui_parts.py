@@ -208,7 +208,17 @@ def test_the_first_start_seeds_demo_studies_and_users(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
     upgrade(url)
     store = open_store(url)
-    passwords = seed_demo(store, CheckpointMeasurer.load(default_checkpoint()), tmp_path)
+    steps: list[str] = []
+    passwords = seed_demo(
+        store, CheckpointMeasurer.load(default_checkpoint()), tmp_path, on_step=steps.append
+    )
+    assert steps == [  # what the first start shows while it works (minutes on a slow machine)
+        "writing 3 phantom CT studies",
+        "measuring demo study 1/3 (phantom_0000)",
+        "measuring demo study 2/3 (phantom_0001)",
+        "measuring demo study 3/3 (phantom_0002)",
+        "creating the demo users",
+    ]
     assert set(passwords) == {name for name, _ in DEMO_USERS}
     note = tmp_path / "demo-users.txt"
     assert stat.S_IMODE(note.stat().st_mode) == 0o600
