@@ -202,16 +202,22 @@ def export_sr(
     """
     from app.sr import export_study_sr
 
+    limits = _settings(ctx).correction_limits
     store = open_database(ctx, db)
     try:
         with store.reader() as session:
             done = checked(
-                lambda: export_study_sr(session, study_uid, out_dir, organization=organization)
+                lambda: export_study_sr(
+                    session, study_uid, out_dir, organization=organization, limits=limits
+                )
             )
     finally:
         store.dispose()
     state = "VERIFIED" if done.verified else "UNVERIFIED"
-    out.print(f"wrote {done.path} ({done.groups} measurement group(s), {state})", highlight=False)
+    left = f", {len(done.left_out)} implausible value(s) left out" if done.left_out else ""
+    out.print(
+        f"wrote {done.path} ({done.groups} measurement group(s), {state}{left})", highlight=False
+    )
 
 
 for command in (measure, batch, train, calibrate, evaluate, serve):

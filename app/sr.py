@@ -17,16 +17,26 @@ What goes in, and the choices made (README "DICOM SR"):
   left out; a finding with nothing left is left out, and a study with no finding left gets no SR
   (``NothingToExportError``: TID 1500 needs a measurement group). "Not measurable" (no value) is
   left out too: highdicom's NUM item needs a value.
+- **Implausible values**: a value that is not plausible (not finite, not > 0, or over its
+  measurement's limit, ``db.review.CorrectionLimits``: what a correction may be today), e.g. a
+  1e308 mm correction stored before corrections were checked, is left out with a warning that
+  names the finding and the measurement, and the document is then not VERIFIED (UNVERIFIED,
+  PARTIAL, PRELIMINARY): the SR never presents such a value, nor a set missing one, as verified.
+  :attr:`SrExport.left_out` lists what was left out.
 - **Review**: each measurement's review status is a qualitative evaluation (private coding scheme
   ``99RADCAL``). The document is VERIFIED, with one verifying observer per reviewer (name, time of
   their last review), once every measurement of the run is reviewed, and then COMPLETE and
   FINAL (DICOM allows VERIFIED only with COMPLETE); else UNVERIFIED, PARTIAL and PRELIMINARY.
 - **What the store lacks**: it keeps no source headers, so the patient and study modules carry
-  what is stored (the possibly pseudonymised patient id, the study date) and leave the other
-  type 2 attributes empty; the SOP class of the referenced images is derived from the modality
+  what is stored (the possibly pseudonymised patient id, the patient name where the source had
+  one and the id is not pseudonymised, the study date) and leave the other type 2 attributes
+  empty; the SOP class of the referenced images is derived from the modality
   (CT / MR, enhanced when the image is a frame of a multi-frame object). The evidence
   (Current Requested Procedure Evidence) lists every slice of the measured series: the model
   read them all. Finding sites are not stored and not invented.
+- **Character set**: Specific Character Set is ISO_IR 192 (UTF-8) when any text of the document
+  (patient id or name, reviewers, organization, model) is not ASCII, so ``PAT-Ünïcödé-日本`` is
+  written as it is stored; otherwise it is left out (the default repertoire).
 - **Identity**: every export is a new SR instance (new series and SOP instance UIDs); the
   tracking UIDs stay the same, so a PACS can relate the findings across exports.
 - **Axes**: each measurement's axis end points (stored in LPS mm) are an SCOORD POLYLINE in
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +63,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from db.models import Finding, Measurement, Run, Series, Study
+    from db.review import CorrectionLimits
 
 __all__ = ["SOP_CLASSES", "SrExport", "export_study_sr", "sr_path", "tracking_uid"]
 
@@ -69,11 +81,17 @@ _NAMES = {"long_axis": "LongAxis", "short_axis": "ShortAxis", "diameter": "Diame
 _KINDS = {"lesion": "Lesion", "vessel": "BloodVessel"}  # SCT codes (pydicom codes.SCT)
 
 
+UTF8 = "ISO_IR 192"  # Specific Character Set of a document with text that is not ASCII
+_TEXT_VRS = {"AE", "AS", "CS", "DA", "DS", "DT", "IS", "LO", "LT", "PN", "SH", "ST", "TM", "UC",
+             "UI", "UR", "UT"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SrExport:
     path: Path
     groups: int  # measurement groups (findings) written
     verified: bool
+    left_out: tuple[str, ...] = ()  # implausible values not exported (why, per measurement)
 
 
 def sr_path(out_dir: Path, study_instance_uid: str) -> Path:
@@ -144,7 +162,7 @@ def _evidence(study: Study, series: Series) -> list[Dataset]:
             continue
         ds = Dataset()
         ds.PatientID = study.patient_id
-        ds.PatientName = ""
+        ds.PatientName = study.patient_name or ""  # kept from the source unless pseudonymised
         ds.PatientBirthDate = ""
         ds.PatientSex = ""
         ds.StudyInstanceUID = study.study_instance_uid
@@ -223,14 +241,17 @@ def _measurement(
     properties = None
     if m.status is not ReviewStatus.CORRECTED and m.range_low_mm is not None:
         high = m.range_high_mm if m.range_high_mm is not None else value
-        properties = hd.sr.MeasurementProperties(
-            lower_measurement_uncertainty=value - m.range_low_mm,
-            upper_measurement_uncertainty=high - value,
-        )
-        for item in properties:  # highdicom writes these with unit "1"; they are in mm
-            if item.ValueType == "NUM":
-                unit = hd.sr.CodedConcept.from_code(codes.UCUM.Millimeter)
-                item.MeasuredValueSequence[0].MeasurementUnitsCodeSequence = [unit]
+        lower, upper = value - m.range_low_mm, high - value
+        if not (math.isfinite(lower) and math.isfinite(upper)):  # a stored range DICOM can't carry
+            logger.warning("SR: measurement %d: range (%g, %g) left out", m.id, lower, upper)
+        else:
+            properties = hd.sr.MeasurementProperties(
+                lower_measurement_uncertainty=lower, upper_measurement_uncertainty=upper
+            )
+            for item in properties:  # highdicom writes these with unit "1"; they are in mm
+                if item.ValueType == "NUM":
+                    unit = hd.sr.CodedConcept.from_code(codes.UCUM.Millimeter)
+                    item.MeasuredValueSequence[0].MeasurementUnitsCodeSequence = [unit]
     return hd.sr.Measurement(
         name=getattr(codes.SCT, _NAMES[m.name]),
         value=value,
@@ -250,7 +271,22 @@ def _measurement(
     )
 
 
-def _group(run: Run, finding: Finding) -> Any | None:
+def _plausible(
+    finding: Finding, m: Measurement, value: float | None, limits: CorrectionLimits, out: list[str]
+) -> float | None:
+    """``value``, or None (with the reason added to ``out`` and logged) when it is implausible."""
+    if value is None:
+        return None
+    problem = limits.problem(m.name, value)
+    if problem is None:
+        return value
+    why = f"finding {finding.number}, measurement {m.id} ({m.status}): {problem}"
+    logger.warning("SR: left out %s", why)
+    out.append(why)
+    return None
+
+
+def _group(run: Run, finding: Finding, limits: CorrectionLimits, left_out: list[str]) -> Any | None:
     import highdicom as hd
     from pydicom.sr.codedict import codes
 
@@ -258,7 +294,7 @@ def _group(run: Run, finding: Finding) -> Any | None:
     kept = [
         (m, v, None if axes is None or i >= len(axes) else axes[i])
         for i, m in enumerate(finding.measurements)
-        if (v := _value(m)) is not None
+        if (v := _plausible(finding, m, _value(m), limits, left_out)) is not None
     ]
     if not kept:
         return None
@@ -314,10 +350,13 @@ def export_study_sr(
     out_dir: Path,
     *,
     organization: str = "radcaliper",
+    limits: CorrectionLimits | None = None,
 ) -> SrExport:
     """Write the study's SR to ``OUT_DIR/<study uid>.sr.dcm`` (replacing an earlier export).
 
-    ``organization`` is the verifying organization of a verified document.
+    ``organization`` is the verifying organization of a verified document. ``limits``: which
+    values are plausible (default ``CorrectionLimits()``); the others are left out, with a
+    warning, and the document is then not verified.
 
     Raises:
         NothingToExportError: no finding has a measurement left to export (none found, all
@@ -330,16 +369,20 @@ def export_study_sr(
     from pydicom.sr.codedict import codes
     from pydicom.uid import generate_uid
 
+    from db.review import CorrectionLimits
+
     study, run = _latest_run(session, study_instance_uid)
     if run is None:
         raise StorageError(f"study {study_instance_uid} has no stored run to export")
     evidence = _evidence(study, run.series)
-    groups = [g for f in run.findings if (g := _group(run, f)) is not None]
+    left_out: list[str] = []
+    limits = limits or CorrectionLimits()
+    groups = [g for f in run.findings if (g := _group(run, f, limits, left_out)) is not None]
     if not groups:
         raise NothingToExportError(
             f"study {study_instance_uid} has no measurement to export ({len(run.findings)} "
-            "finding(s), none with a measurement that is not rejected or not measurable); "
-            "no SR written"
+            "finding(s), none with a measurement that is not rejected, not measurable or "
+            f"implausible ({len(left_out)} left out as implausible)); no SR written"
         )
     observer = hd.sr.ObserverContext(
         observer_type=codes.cid270.Device,
@@ -357,7 +400,7 @@ def export_study_sr(
         else codes.LN.MRUnspecifiedBodyRegion,
         imaging_measurements=groups,
     )
-    verifiers = _verifiers(run)
+    verifiers = None if left_out else _verifiers(run)  # never verified with a value left out
     sr = hd.sr.Comprehensive3DSR(
         evidence=evidence,
         content=report[0],
@@ -380,13 +423,30 @@ def export_study_sr(
     sr.CodingSchemeIdentificationSequence = [scheme]
     if verifiers is not None:
         sr.VerifyingObserverSequence = [_observer(n, t, organization) for n, t in verifiers]
+    if _has_non_ascii(sr):  # e.g. PAT-Ünïcödé-日本: UTF-8, not "?" in the default repertoire
+        sr.SpecificCharacterSet = UTF8
     out_dir.mkdir(parents=True, exist_ok=True)
     path = sr_path(out_dir, study_instance_uid)
     partial = path.with_name(path.name + ".partial")  # never a half-written SR under its name
     sr.save_as(partial, enforce_file_format=True)
     partial.replace(path)
     logger.info("wrote SR %s (%d measurement groups)", path, len(groups))
-    return SrExport(path=path, groups=len(groups), verified=verifiers is not None)
+    return SrExport(
+        path=path, groups=len(groups), verified=verifiers is not None, left_out=tuple(left_out)
+    )
+
+
+def _has_non_ascii(ds: Dataset) -> bool:
+    """Whether any text value of ``ds`` (nested sequences included) is not ASCII."""
+    for element in ds:
+        if element.VR == "SQ":
+            if any(_has_non_ascii(item) for item in element.value):
+                return True
+        elif element.VR in _TEXT_VRS and element.value is not None:
+            values = element.value if element.VM > 1 else [element.value]
+            if any(not str(v).isascii() for v in values):
+                return True
+    return False
 
 
 def _description(run: Run) -> str:

@@ -287,3 +287,173 @@ def test_a_demo_model_measurement_exports(tmp_path: Path) -> None:
     finally:
         store.dispose()
     assert "NOT FOR CLINICAL USE" in sr.SeriesDescription
+
+
+# --- implausible stored values (issue 21) --------------------------------------------------------
+
+
+def _accept_all(store: Store, users: dict[str, User]) -> list[int]:
+    with store.reader() as session:
+        ids = list(session.execute(select(Measurement.id).order_by(Measurement.id)).scalars())
+    for mid in ids:
+        with store.writer() as session:
+            review_measurement(
+                session, mid, action="accept", reviewer=users["alice"], seen_version=1
+            )
+            session.commit()
+    return ids
+
+
+def test_implausible_stored_values_are_left_out_and_the_sr_is_not_verified(
+    store: Store,
+    volume: Volume,
+    users: dict[str, User],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 1e308 mm correction and an infinite model value, written with SQL as a database from
+    before the checks (or edited by hand) holds them: the SR is still written, without them,
+    with a warning each, and is not VERIFIED although every measurement is reviewed."""
+    study_uid = _store(store, volume)
+    long_axis, short_axis, diameter = _accept_all(store, users)
+    with store.writer() as session:
+        session.execute(
+            update(Measurement)
+            .where(Measurement.id == long_axis)
+            .values(status=ReviewStatus.CORRECTED, reviewed_value_mm=1e308)
+        )
+        session.execute(
+            update(Measurement).where(Measurement.id == diameter).values(value_mm=float("inf"))
+        )
+        session.commit()
+    with store.reader() as session, caplog.at_level("WARNING", logger="app.sr"):
+        done = export_study_sr(session, study_uid, tmp_path / "sr")
+    assert done.groups == 1 and not done.verified  # the vessel had only its diameter
+    assert len(done.left_out) == 2
+    assert (
+        f"measurement {long_axis} (corrected): 1e+308 mm is not a plausible long axis"
+        in (done.left_out[0])
+    )
+    assert (
+        f"measurement {diameter} (accepted): inf mm is not a plausible diameter"
+        in (done.left_out[1])
+    )
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"SR: left out {why}" for why in done.left_out]
+    _dciodvfy(done.path)
+    sr, groups = _read_back(done.path)
+    assert (sr.VerificationFlag, sr.CompletionFlag) == ("UNVERIFIED", "PARTIAL")
+    (group,) = groups.values()
+    (read,) = group.get_measurements()
+    assert read.name.value == SCT["short_axis"] and _num(read[0]) == (VALUES[1], "mm")
+    with store.reader() as session:
+        row = session.get(Measurement, short_axis)
+        assert row is not None and row.value_mm == VALUES[1]
+    command = ["export-sr", study_uid, str(tmp_path / "cli"), "--db", str(store.url)]
+    done_by_cli = runner.invoke(app, command)
+    assert done_by_cli.exit_code == 0, done_by_cli.output
+    assert "1 measurement group(s), UNVERIFIED, 2 implausible value(s) left out" in (
+        done_by_cli.stdout
+    )
+
+
+def test_an_sr_of_implausible_values_only_is_not_written(
+    store: Store, volume: Volume, tmp_path: Path
+) -> None:
+    study_uid = _store(store, volume)
+    with store.writer() as session:
+        session.execute(update(Measurement).values(value_mm=0.0))
+        session.commit()
+        with pytest.raises(NothingToExportError, match=r"3 left out as implausible"):
+            export_study_sr(session, study_uid, tmp_path / "sr")
+    assert not (tmp_path / "sr").exists()
+
+
+# --- non-ASCII identifiers (issue 21) ------------------------------------------------------------
+
+PATIENT_ID = "PAT-Ünïcödé-日本"
+PATIENT_NAME = "Ünïcödé^Tarō=山田^太郎"  # alphabetic = ideographic component groups
+
+
+def _check_identifiers(path: Path, patient_id: str, patient_name: str) -> None:
+    _dciodvfy(path)
+    sr = hd.sr.srread(path)
+    assert sr.SpecificCharacterSet == "ISO_IR 192"
+    assert sr.PatientID == patient_id
+    assert str(sr.PatientName) == patient_name
+    raw = path.read_bytes()
+    assert patient_id.encode("utf-8") in raw and b"??" not in raw
+
+
+def test_non_ascii_patient_id_and_name_survive_store_and_sr(
+    store_factory: Any, volume: Volume, tmp_path: Path
+) -> None:
+    """Kept as they are; a pseudonymised patient's SR has the (ASCII) pseudonym and no name."""
+    ids = dataclasses.replace(volume.identifiers, patient_id=PATIENT_ID, patient_name=PATIENT_NAME)
+    named = dataclasses.replace(volume, identifiers=ids)
+    store = store_factory()
+    study_uid = _store(store, named)
+    with store.reader() as session:
+        study = session.execute(select(Study)).scalar_one()
+        assert (study.patient_id, study.patient_name) == (PATIENT_ID, PATIENT_NAME)
+        done = export_study_sr(session, study_uid, tmp_path / "sr")
+    _check_identifiers(done.path, PATIENT_ID, PATIENT_NAME)
+    _check_against_store(store, done.path, study_uid)
+
+    pseudonymised = store_factory()
+    store_one(pseudonymised, make_result(named), named, pseudonym_key="site secret")
+    with pseudonymised.reader() as session:
+        hidden = export_study_sr(session, study_uid, tmp_path / "pseudonymised")
+    _dciodvfy(hidden.path)
+    sr = hd.sr.srread(hidden.path)
+    assert sr.PatientName == "" and sr.PatientID not in ("", PATIENT_ID)
+    assert "SpecificCharacterSet" not in sr  # a pseudonym is ASCII
+
+
+def test_any_non_ascii_text_makes_the_sr_utf8(
+    store: Store, volume: Volume, users: dict[str, User], tmp_path: Path
+) -> None:
+    """Not only the patient: any text that is not ASCII (here the verifying organization)
+    makes the document UTF-8; an all-ASCII document keeps the default repertoire."""
+    study_uid = _store(store, volume)
+    with store.reader() as session:
+        plain = export_study_sr(session, study_uid, tmp_path / "plain")
+    assert "SpecificCharacterSet" not in hd.sr.srread(plain.path)
+    _accept_all(store, users)
+    with store.reader() as session:
+        done = export_study_sr(session, study_uid, tmp_path / "sr", organization="Hôpital 東京")
+    _dciodvfy(done.path)
+    sr = hd.sr.srread(done.path)
+    assert sr.SpecificCharacterSet == "ISO_IR 192" and sr.VerificationFlag == "VERIFIED"
+    (observer,) = sr.VerifyingObserverSequence
+    assert (str(observer.VerifyingObserverName), observer.VerifyingOrganization) == (
+        "alice^",
+        "Hôpital 東京",
+    )
+
+
+def test_a_utf8_dicom_series_keeps_its_patient_in_the_sr(
+    store: Store, write_series: Any, tmp_path: Path
+) -> None:
+    """The whole way from the source: a DICOM series in ISO_IR 192 with a non-ASCII patient
+    id and name, loaded, measured (a hand-made result: this is about identifiers), stored and
+    exported."""
+    from ingestion.load import load_path
+
+    def utf8_patient(ds: Dataset, index: int) -> None:
+        ds.SpecificCharacterSet = "ISO_IR 192"
+        ds.PatientID = PATIENT_ID
+        ds.PatientName = PATIENT_NAME
+
+    write_series(tmp_path / "dicom", n=6, mutate=utf8_patient)
+    (volume,) = load_path(tmp_path / "dicom").volumes
+    assert volume.identifiers.patient_id == PATIENT_ID
+    assert volume.identifiers.patient_name == PATIENT_NAME
+    result = make_result(volume)
+    store_one(store, result, volume)
+    with store.reader() as session:
+        done = export_study_sr(session, result.study_instance_uid, tmp_path / "sr")
+    _check_identifiers(done.path, PATIENT_ID, PATIENT_NAME)
+    _, groups = _read_back(done.path)
+    values = sorted(_num(m[0])[0] for g in groups.values() for m in g.get_measurements())
+    assert values == [20.0, 25.0, 30.0]  # make_result's (no axes: a result without them)
