@@ -6,9 +6,6 @@ data dir). Database errors are one line with what to do, and a non-zero exit.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -99,18 +96,13 @@ def _when(name: str, value: str | None) -> datetime | None:
 
 
 def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]) -> None:
+    from app.report import rows_csv, rows_json
+
     fmt = fmt.lower()
-    if fmt == "json":
-        sys.stdout.write(json.dumps(list(rows), indent=2) + "\n")
+    if fmt == "json":  # valid JSON whatever is stored (app.report: no Infinity / NaN tokens)
+        sys.stdout.write(rows_json(rows))
     elif fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(
-                {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in row.items()}
-            )
-        sys.stdout.write(buffer.getvalue())
+        sys.stdout.write(rows_csv(rows, columns))
     elif fmt == "table":
         table = Table(show_lines=False)
         for column in columns:

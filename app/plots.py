@@ -1,16 +1,29 @@
 """Plots of the evaluation (PNG, matplotlib's Agg backend): predicted vs true per mode,
-Bland-Altman of the shipped model, coverage vs nominal level."""
+Bland-Altman of the shipped model, coverage vs nominal level; and the audit tab's agreement of
+model and reviewers.
+
+The agreement figure survives any stored value: a pair whose model or reviewer value is not
+plausible (not finite, not > 0, or over its measurement's limit: ``db.review.CorrectionLimits``,
+e.g. a 1e308 mm correction stored before corrections were checked) is left out of the figure and
+the statistics, and the summary says how many were left out and why.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from db.review import CorrectionLimits
 
 __all__ = ["agreement_figure", "bland_altman", "coverage_vs_nominal", "predicted_vs_true"]
 
 _NAMES = {"lesion": ("long axis", "short axis"), "vessel": ("diameter",)}
+
+logger = logging.getLogger(__name__)
 
 
 def _pyplot() -> Any:
@@ -118,16 +131,23 @@ def coverage_vs_nominal(
     return _save(figure, path)
 
 
-def agreement_figure(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, str]:
+def agreement_figure(
+    rows: Sequence[Mapping[str, Any]], limits: CorrectionLimits | None = None
+) -> tuple[Any, str]:
     """Model vs reviewer for audit rows: a Bland-Altman figure and a one-line summary with the
     coverage of the model's ranges against the reviewers' values.
 
     A reviewer's value is the corrected value, or the model's own value when accepted; rejected
-    and pending rows have none.
+    and pending rows have none. Pairs with a value that is not plausible under ``limits``
+    (default ``CorrectionLimits()``) are left out and counted in the summary.
     """
+    from db.review import CorrectionLimits
+
+    limits = limits or CorrectionLimits()
     plt = _pyplot()
     pairs = []
     inside = 0
+    implausible: list[Any] = []
     for row in rows:
         model = row.get("value_mm")
         if model is None:
@@ -137,6 +157,10 @@ def agreement_figure(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, str]:
         elif row.get("status") == "accepted":
             reviewer = float(model)
         else:
+            continue
+        name = str(row.get("name"))
+        if any(limits.problem(name, v) for v in (float(model), reviewer)):
+            implausible.append(row.get("measurement_id"))
             continue
         pairs.append((float(model), reviewer))
         span = row.get("range_mm")
@@ -155,6 +179,19 @@ def agreement_figure(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, str]:
         )
     else:
         summary = "no accepted or corrected measurements in this selection"
+    if implausible:
+        logger.warning(
+            "agreement figure: %d measurement(s) with implausible values left out: %s",
+            len(implausible),
+            implausible,
+        )
+        summary += (
+            f"; {len(implausible)} left out with an implausible value (not finite, not > 0 or "
+            f"over the limit: long/short axis {limits.long_axis_mm:g}/{limits.short_axis_mm:g} "
+            f"mm, diameter {limits.diameter_mm:g} mm): measurement "
+            + ", ".join(str(m) for m in implausible[:10])
+            + (f" and {len(implausible) - 10} more" if len(implausible) > 10 else "")
+        )
     axis.set_xlabel("mean of model and reviewer (mm)")
     axis.set_ylabel("model - reviewer (mm)")
     axis.set_title("Model vs reviewer")

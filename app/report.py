@@ -1,11 +1,21 @@
-"""How the command line shows measurer output: result tables, training progress, evaluations.
+"""How the command line shows measurer output: result tables, training progress, evaluations;
+and how stored rows are exported (JSON, CSV) by the CLI and the review UI.
 
 Only presentation lives here; the commands in ``app.cli`` wire the stages together.
+
+Exports carry every stored value, whatever it is: a float JSON cannot carry (infinite or NaN,
+possible only in a database edited outside radcaliper) is written as the string ``"Infinity"``,
+``"-Infinity"`` or ``"NaN"`` (in JSON and CSV alike), never as null (null means "no value", e.g.
+not measurable) and never as the bare ``Infinity`` / ``NaN`` tokens that are not JSON.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -15,7 +25,47 @@ if TYPE_CHECKING:
     from model.measurer.evaluate import Evaluation
     from model.measurer.results import StudyResult
 
-__all__ = ["comparison_markdown", "evaluation_table", "print_result"]
+__all__ = [
+    "comparison_markdown",
+    "evaluation_table",
+    "exportable",
+    "print_result",
+    "rows_csv",
+    "rows_json",
+]
+
+
+def exportable(value: Any) -> Any:
+    """``value`` with every float JSON cannot carry replaced by its name (``"Infinity"``,
+    ``"-Infinity"``, ``"NaN"``), in lists, tuples and dicts too (tuples become lists)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {k: exportable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [exportable(v) for v in value]
+    return value
+
+
+def rows_json(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as a JSON array (valid JSON whatever the values: see the module doc)."""
+    return json.dumps([exportable(dict(r)) for r in rows], indent=2, allow_nan=False) + "\n"
+
+
+def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """The rows as CSV with a header (the first row's keys, else ``columns``); lists and dicts
+    as JSON text, None as an empty cell, non-finite floats by name (see the module doc)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(
+            {
+                k: json.dumps(v, allow_nan=False) if isinstance(v, list | dict) else v
+                for k, v in exportable(dict(row)).items()
+            }
+        )
+    return buffer.getvalue()
 
 
 def _value(measurement: Any) -> str:

@@ -38,6 +38,9 @@ _STATUS = {
     ReviewAction.REJECT: ReviewStatus.REJECTED,
 }
 _NAMES = ("long_axis", "short_axis", "diameter")  # the measurements (MeasurementName values)
+#: no limit may exceed this (10 m, beyond any body): plausible values stay small enough for
+#: any statistic of them (the audit tab's agreement figure) to be computed and drawn
+MAX_LIMIT_MM = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class CorrectionLimits:
     diameter stays below 100 mm (the aorta, the largest vessel, is about 30 mm, and an aneurysm
     is treated from 55 mm). A site that measures beyond them raises the limit in the settings
     (``RADCALIPER_MAX_LONG_AXIS_MM``, ``RADCALIPER_MAX_SHORT_AXIS_MM``,
-    ``RADCALIPER_MAX_DIAMETER_MM``).
+    ``RADCALIPER_MAX_DIAMETER_MM``), up to :data:`MAX_LIMIT_MM` (10 m).
     """
 
     long_axis_mm: float = 500.0
@@ -63,8 +66,10 @@ class CorrectionLimits:
             limit = getattr(self, name)
             if isinstance(limit, bool) or not isinstance(limit, int | float):
                 raise ValueError(f"{name} must be a number of mm, got {limit!r}")
-            if not (math.isfinite(limit) and limit > 0):
-                raise ValueError(f"{name} must be a finite number of mm > 0, got {limit!r}")
+            if not (math.isfinite(limit) and 0 < limit <= MAX_LIMIT_MM):
+                raise ValueError(
+                    f"{name} must be a number of mm > 0 and at most {MAX_LIMIT_MM:g}, got {limit!r}"
+                )
 
     def limit(self, name: str) -> float:
         """The limit of measurement ``name`` (long_axis, short_axis or diameter)."""
@@ -75,6 +80,8 @@ class CorrectionLimits:
     def problem(self, name: str, value_mm: float | None) -> str | None:
         """Why ``value_mm`` is not a plausible value of measurement ``name``, or None."""
         label = name.replace("_", " ")
+        if name not in _NAMES:
+            return f"there is no measurement {name!r} (use one of {', '.join(_NAMES)})"
         if isinstance(value_mm, bool) or not isinstance(value_mm, int | float):
             return f"the {label} needs a number of mm, got {value_mm!r}"
         limit = self.limit(name)

@@ -267,8 +267,9 @@ def test_the_default_diameter_limit_refuses_what_a_site_may_allow(
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"diameter_mm": 0.0}, "diameter_mm must be a finite number of mm > 0, got 0.0"),
-        ({"long_axis_mm": math.inf}, "long_axis_mm must be a finite number"),
+        ({"diameter_mm": 0.0}, "diameter_mm must be a number of mm > 0 and at most 10000, got 0.0"),
+        ({"long_axis_mm": math.inf}, "long_axis_mm must be a number of mm > 0 and at most 10000"),
+        ({"long_axis_mm": 1e308}, "at most 10000, got 1e[+]308"),
         ({"short_axis_mm": "500"}, "short_axis_mm must be a number of mm, got '500'"),
     ],
 )
