@@ -41,6 +41,7 @@ from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch_worker import LoadedSeries, StudyJob, StudyLoad, load_study, start_worker
 from app.measuring import run_identity, store_study
 from db.engine import Store
+from db.review import CorrectionLimits
 from db.store import StoreOutcome
 from ingestion.catalog import FileStatus
 from ingestion.errors import (
@@ -129,6 +130,8 @@ class BatchOptions:
     organization: str = "radcaliper"
     actor: str = "cli:batch"
     pseudonym_key: str | None = None
+    # plausible values (db.review.CorrectionLimits); exported SRs leave the others out
+    correction_limits: CorrectionLimits | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
@@ -552,7 +555,11 @@ class _Runner:
         try:
             with self.store.reader() as session:
                 done = export_study_sr(
-                    session, study_uid, out_dir, organization=self.options.organization
+                    session,
+                    study_uid,
+                    out_dir,
+                    organization=self.options.organization,
+                    limits=self.options.correction_limits,
                 )
         except NothingToExportError as exc:
             return f"none: {exc}"

@@ -201,6 +201,7 @@ def batch(
         organization=organization,
         actor=cli_actor(),
         pseudonym_key=settings.pseudonym_key,
+        correction_limits=settings.correction_limits,
     )
     store = open_database(ctx, db, create=True)
     try:
