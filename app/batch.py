@@ -372,8 +372,7 @@ class _Runner:
     def _plan(self, uid: str) -> _Planned | None:
         began = time.perf_counter()
         images = self.index.study_images(uid)
-        series = [r.image.series_instance_uid for r in images if r.image is not None]
-        damaged = self.index.damaged(series)
+        damaged = self.index.problems_of(images)
         plan = plan_study(uid, images, damaged, self.options.rules)
         planned = _Planned(plan, _signature([*images, *damaged], self.options.rules), began)
         self.state.note(uid, plan.notes)

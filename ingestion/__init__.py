@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         SchemaVersionError,
         StaleEditError,
         StorageError,
+        UnreadableFileError,
         UnsupportedObjectError,
     )
     from ingestion.geometry import Geometry
@@ -84,6 +85,7 @@ _SOURCES = {
         "SchemaVersionError",
         "StaleEditError",
         "StorageError",
+        "UnreadableFileError",
         "UnsupportedObjectError",
     ),
     "ingestion.geometry": ("Geometry",),
@@ -157,6 +159,7 @@ __all__ = [
     "StorageError",
     "StudyPlan",
     "TruthFinding",
+    "UnreadableFileError",
     "UnsupportedObjectError",
     "Volume",
     "WorkIndex",

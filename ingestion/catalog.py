@@ -9,7 +9,7 @@ The line between *skipped* and *rejected* (README "Batch processing"):
   ``.html``, ...).
 - **rejected**: meant to be an image but unusable: empty, truncated, gzip-compressed or
   non-DICOM content under a DICOM-like name, missing or contradictory geometry, pixel data too
-  short, an unreadable file.
+  short, a file that cannot be read (permission denied: said so, with what to do).
 
 Nothing here raises for a bad file.
 """
@@ -25,7 +25,12 @@ import numpy as np
 from pydicom.dataset import Dataset
 
 from ingestion.dicom_header import dicom_object_from_dataset, read_dicom_header
-from ingestion.errors import IngestionError, NotDicomError, UnsupportedObjectError
+from ingestion.errors import (
+    IngestionError,
+    NotDicomError,
+    UnreadableFileError,
+    UnsupportedObjectError,
+)
 from ingestion.scan import is_nifti_path
 
 __all__ = ["NON_DICOM_SUFFIXES", "FileRecord", "FileStatus", "ImageAttributes", "catalog_file"]
@@ -107,8 +112,12 @@ class FileRecord:
     """One file of a batch tree and what became of its header.
 
     ``series_instance_uid`` is set for a rejected file whose series is known (so that the series
-    counts as incomplete); ``image`` is set exactly when ``status`` is IMAGE. ``error`` is the
-    exception class that rejected or skipped the file (empty for images).
+    counts as incomplete) and ``sop_instance_uid`` for one whose image is known (from its
+    dataset, else its file meta group: a damaged copy of an image that is intact elsewhere does
+    not make its series incomplete); ``image`` is set exactly when ``status`` is IMAGE.
+    ``error`` is the exception class that rejected or skipped the file (empty for images).
+    ``intact_copy`` is not the file's own: the work index sets it on a rejected file when
+    another file of the tree holds the same image intact.
     """
 
     path: Path
@@ -119,6 +128,13 @@ class FileRecord:
     error: str = ""
     series_instance_uid: str | None = None
     image: ImageAttributes | None = None
+    sop_instance_uid: str | None = None
+    intact_copy: Path | None = None
+
+    @property
+    def unreadable(self) -> bool:
+        """The file could not be read at all (permission denied, I/O error)."""
+        return self.error == UnreadableFileError.__name__
 
     def __post_init__(self) -> None:
         if (self.image is not None) != (self.status is FileStatus.IMAGE):
@@ -162,8 +178,8 @@ def catalog_file(path: Path) -> FileRecord:
     try:
         stat = path.stat()
     except OSError as exc:
-        reason = f"{path}: cannot read file ({exc.strerror})"
-        return FileRecord(path, 0, 0, FileStatus.REJECTED, reason, type(exc).__name__)
+        reason = str(UnreadableFileError.from_os_error(path, exc))
+        return FileRecord(path, 0, 0, FileStatus.REJECTED, reason, UnreadableFileError.__name__)
     size, mtime = stat.st_size, stat.st_mtime_ns
 
     def record(status: FileStatus, reason: str, error: type[BaseException]) -> FileRecord:
@@ -183,15 +199,19 @@ def catalog_file(path: Path) -> FileRecord:
                 FileStatus.SKIPPED, f"{path}: not DICOM (a {path.suffix} file)", NotDicomError
             )
         return record(FileStatus.REJECTED, str(exc), NotDicomError)
-    except OSError as exc:
-        return record(FileStatus.REJECTED, f"{path}: cannot read file ({exc.strerror})", OSError)
+    except UnreadableFileError as exc:  # permission denied: said as such, never "corrupt"
+        return record(FileStatus.REJECTED, str(exc), UnreadableFileError)
     try:
         image = _attributes(path, ds)
     except UnsupportedObjectError as exc:
         return record(FileStatus.SKIPPED, str(exc), type(exc))
     except IngestionError as exc:
         rejected = record(FileStatus.REJECTED, str(exc), type(exc))
-        return replace(rejected, series_instance_uid=exc.series_instance_uid)
+        return replace(
+            rejected,
+            series_instance_uid=exc.series_instance_uid,
+            sop_instance_uid=exc.sop_instance_uid,
+        )
     except Exception as exc:  # a header pydicom parsed but that breaks our reading of it
         logger.debug("unexpected error reading %s", path, exc_info=True)
         return record(

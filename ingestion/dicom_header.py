@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +17,21 @@ from typing import Any
 
 import numpy as np
 import pydicom
+from pydicom.datadict import keyword_for_tag
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
+from pydicom.tag import Tag
 from pydicom.uid import UID
 
+from ingestion._pydicom import quiet_pydicom
 from ingestion.errors import (
     InconsistentGeometryError,
+    IngestionError,
     MissingGeometryError,
     NotDicomError,
     PixelDataError,
+    UnreadableFileError,
     UnsupportedObjectError,
 )
 from ingestion.geometry import Vector3
@@ -107,6 +112,8 @@ class SliceRef:
     intercept: float
     native: PixelLocation | None  # set when the fast native read applies
     nominal_thickness: float | None = None  # SpacingBetweenSlices or SliceThickness, if given
+    spacing_between_slices: float | None = None  # SpacingBetweenSlices, if given and > 0
+    header_problems: tuple[str, ...] = ()  # values present but unusable, ignored (tag and value)
 
     @property
     def normal(self) -> Vector3:
@@ -127,33 +134,71 @@ def read_dicom_header(path: Path) -> Dataset:
 
     Raises:
         NotDicomError: empty, truncated, gzip-compressed or not DICOM at all.
-        OSError: the file cannot be read.
+        UnreadableFileError: the file cannot be read (permission denied, I/O error).
     """
+    try:
+        with quiet_pydicom(str(path)):
+            return _read_header(path)
+    except OSError as exc:  # never "corrupt": the content was not even seen
+        raise UnreadableFileError.from_os_error(path, exc) from exc
+
+
+def _read_header(path: Path) -> Dataset:
     size = path.stat().st_size
     if size == 0:
         raise NotDicomError(f"{path}: empty file (0 bytes); re-export it from the source")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return pydicom.dcmread(path, defer_size=_DEFER_BYTES)
-        except InvalidDicomError:
-            pass
-        except Exception as exc:  # pydicom raises many types on corrupt input
-            raise NotDicomError(f"{path}: truncated or corrupt DICOM header ({exc})") from exc
-        # No 'DICM' preamble: some exporters write bare datasets. Accept only if it parses to
-        # something with a SOP class, otherwise it is not DICOM at all.
-        try:
-            ds = pydicom.dcmread(path, defer_size=_DEFER_BYTES, force=True)
-            ok = "SOPClassUID" in ds and "SOPInstanceUID" in ds
-        except Exception:
-            ok = False
-        if not ok:
-            with path.open("rb") as handle:
-                magic = handle.read(2)
-            if magic == b"\x1f\x8b":
-                raise NotDicomError(f"{path}: gzip-compressed file; decompress it first (gunzip)")
-            raise NotDicomError(f"{path}: not a DICOM file (no DICM marker, no DICOM header)")
-        return ds
+    try:
+        return pydicom.dcmread(path, defer_size=_DEFER_BYTES)
+    except InvalidDicomError:
+        pass
+    except OSError:
+        raise
+    except Exception as exc:  # pydicom raises many types on corrupt input
+        raise NotDicomError(f"{path}: truncated or corrupt DICOM header ({exc})") from exc
+    # No 'DICM' preamble: some exporters write bare datasets. Accept only if it parses to
+    # something with a SOP class, otherwise it is not DICOM at all.
+    try:
+        ds = pydicom.dcmread(path, defer_size=_DEFER_BYTES, force=True)
+        ok = "SOPClassUID" in ds and "SOPInstanceUID" in ds
+    except OSError:
+        raise
+    except Exception:
+        ok = False
+    if not ok:
+        with path.open("rb") as handle:
+            magic = handle.read(2)
+        if magic == b"\x1f\x8b":
+            raise NotDicomError(f"{path}: gzip-compressed file; decompress it first (gunzip)")
+        raise NotDicomError(f"{path}: not a DICOM file (no DICM marker, no DICOM header)")
+    return ds
+
+
+def _cut_inside(path: Path, ds: Dataset) -> tuple[str, int, int] | None:
+    """``(element, bytes it needs, bytes the file holds)`` when the file ends inside an element
+    (its file meta group, or the last element read, which holds the rest of the file); None
+    for a file that ends where its last element does.
+
+    A cut at an element boundary cannot be told from a shorter header (it is found later by
+    what is missing); a cut inside one can, and must be: pydicom keeps the value it could read,
+    e.g. a UID ``1.2.840.10008.`` that would otherwise pass for an odd SOP class.
+    """
+    size = path.stat().st_size
+    meta = getattr(ds, "file_meta", None)
+    group_length = meta.get("FileMetaInformationGroupLength") if meta is not None else None
+    if isinstance(group_length, int) and ds.preamble is not None:
+        end = 132 + 12 + group_length  # preamble, 'DICM', the group length element, the group
+        if end > size:
+            return ("the file meta information", end - 132, size - 132)
+    tags = list(ds.keys())
+    if not tags:
+        return None
+    elem = ds.get_item(max(tags), keep_deferred=True)
+    if not isinstance(elem, RawDataElement) or elem.length == 0xFFFFFFFF:
+        return None  # read as a whole (a sequence of undefined length) or already parsed
+    name = keyword_for_tag(elem.tag) or str(elem.tag)
+    # a deferred value's bytes were not read yet: the file size says how many there are
+    have = max(0, size - elem.value_tell) if elem.value is None else len(elem.value)
+    return (name, elem.length, have) if have < elem.length else None
 
 
 def _text(ds: Dataset, keyword: str) -> str | None:
@@ -241,14 +286,14 @@ def _orientation(path: Path, value: Any, where: str) -> tuple[Vector3, Vector3]:
     for name, vec in (("row", row), ("column", col)):
         if abs(np.linalg.norm(vec) - 1.0) > 1e-2:
             raise InconsistentGeometryError(
-                f"{path}: ImageOrientationPatient{where} {name} vector {vec.tolist()} "
-                "is not a unit vector"
+                f"{path}: ImageOrientationPatient{where} {iop} has a {name} vector "
+                f"{vec.tolist()} of length {float(np.linalg.norm(vec)):.4g}, not a unit vector"
             )
     row, col = row / np.linalg.norm(row), col / np.linalg.norm(col)
     if abs(float(np.dot(row, col))) > _ORTHOGONALITY_TOLERANCE:
         raise InconsistentGeometryError(
-            f"{path}: ImageOrientationPatient{where} row and column vectors are not "
-            f"perpendicular (dot = {float(np.dot(row, col)):.4f})"
+            f"{path}: ImageOrientationPatient{where} {iop} has row and column vectors that are "
+            f"not perpendicular (dot = {float(np.dot(row, col)):.4f})"
         )
     return (
         (float(row[0]), float(row[1]), float(row[2])),
@@ -259,7 +304,9 @@ def _orientation(path: Path, value: Any, where: str) -> tuple[Vector3, Vector3]:
 def _spacing(path: Path, value: Any, where: str) -> tuple[float, float]:
     ps = _floats(path, value, f"PixelSpacing{where}", 2)
     if min(ps) <= 0:
-        raise InconsistentGeometryError(f"{path}: PixelSpacing{where} must be > 0, got {ps}")
+        raise InconsistentGeometryError(
+            f"{path}: PixelSpacing{where} is {ps} mm; both values must be > 0"
+        )
     return (ps[0], ps[1])
 
 
@@ -307,15 +354,51 @@ def _rescale(path: Path, item: Dataset | None, where: str) -> tuple[float, float
     return slope, intercept
 
 
-def _thickness(item: Dataset | None) -> float | None:
+def _raw_text(item: Dataset | None, keyword: str) -> str:
+    """A text value as written ("" when absent), without pydicom converting it (a DS such as
+    'thick' raises when converted)."""
+    elem = item.get_item(Tag(keyword)) if item is not None and keyword in item else None
+    if elem is None:
+        return ""
+    value = elem.value
+    if isinstance(value, bytes):
+        return value.decode("ascii", errors="replace").strip(" \0")
+    return "" if value is None else str(value).strip()
+
+
+@dataclass(frozen=True)
+class _Stated:
+    """What a header states about slice spacing: the usable values, and the unusable ones."""
+
+    spacing_between_slices: float | None
+    thickness: float | None
+    problems: tuple[str, ...]
+
+    @property
+    def nominal(self) -> float | None:
+        return self.spacing_between_slices or self.thickness
+
+
+def _stated(item: Dataset | None, where: str) -> _Stated:
+    """SpacingBetweenSlices and SliceThickness; a value that is not a number > 0 mm is left
+    out and named (tag and value) in ``problems``."""
+    values: dict[str, float | None] = {}
+    problems = []
     for keyword in ("SpacingBetweenSlices", "SliceThickness"):
+        raw = _raw_text(item, keyword)
+        values[keyword] = None
+        if raw == "":
+            continue
         try:
-            value = float(item.get(keyword)) if item is not None and item.get(keyword) else None
-        except (TypeError, ValueError):
-            value = None
-        if value is not None and math.isfinite(value) and value > 0:
-            return value
-    return None
+            value = float(raw)
+        except ValueError:
+            problems.append(f"{keyword}{where} is {str(raw)!r}, not a number")
+            continue
+        if not math.isfinite(value) or value <= 0:
+            problems.append(f"{keyword}{where} is {value:g} mm; a slice spacing must be > 0")
+            continue
+        values[keyword] = value
+    return _Stated(values["SpacingBetweenSlices"], values["SliceThickness"], tuple(problems))
 
 
 def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> SliceRef:
@@ -323,6 +406,7 @@ def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> Sli
     row_dir, col_dir = _orientation(path, _require(path, ds, "ImageOrientationPatient"), "")
     spacing = _spacing(path, _require(path, ds, "PixelSpacing"), "")
     slope, intercept = _rescale(path, ds, "") or (1.0, 0.0)
+    stated = _stated(ds, "")
     return SliceRef(
         path=path,
         frame=None,
@@ -336,7 +420,9 @@ def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> Sli
         slope=slope,
         intercept=intercept,
         native=native,
-        nominal_thickness=_thickness(ds),
+        nominal_thickness=stated.nominal,
+        spacing_between_slices=stated.spacing_between_slices,
+        header_problems=stated.problems,
     )
 
 
@@ -389,6 +475,7 @@ def _enhanced_slices(
         spacing = _spacing(path, _require(path, meas_item, "PixelSpacing", where), where)
         rescale = _rescale(path, _group_item(ds, i, "PixelValueTransformationSequence"), where)
         slope, intercept = rescale or _rescale(path, ds, "") or (1.0, 0.0)
+        stated = _stated(meas_item, " (PixelMeasuresSequence)")
         frame_native = (
             None
             if native is None
@@ -408,7 +495,9 @@ def _enhanced_slices(
                 slope=slope,
                 intercept=intercept,
                 native=frame_native,
-                nominal_thickness=_thickness(meas_item),
+                nominal_thickness=stated.nominal,
+                spacing_between_slices=stated.spacing_between_slices,
+                header_problems=stated.problems,
             )
         )
     return out
@@ -429,7 +518,56 @@ def read_dicom_object(path: Path) -> DicomObject:
 
 def dicom_object_from_dataset(path: Path, ds: Dataset) -> DicomObject:
     """The :class:`DicomObject` of a header read by :func:`read_dicom_header` from ``path``
-    (raises as :func:`read_dicom_object` does)."""
+    (raises as :func:`read_dicom_object` does).
+
+    A damaged image's error carries what the header still tells: its series (the series is then
+    incomplete) and its SOPInstanceUID, from the dataset or else the file meta group (so that a
+    damaged copy of an image that is intact elsewhere can be told apart); a value the file ends
+    inside is not trusted.
+    """
+    with quiet_pydicom(str(path)):
+        try:
+            cut = _cut_inside(path, ds)
+        except OSError as exc:
+            raise UnreadableFileError.from_os_error(path, exc) from exc
+        try:
+            if cut is not None:
+                _truncated(path, ds, *cut)
+            return _dicom_object(path, ds)
+        except UnsupportedObjectError:
+            raise
+        except IngestionError as exc:
+            if exc.sop_instance_uid is None:
+                exc.sop_instance_uid = _damaged_sop(ds, None if cut is None else cut[0])
+            raise
+
+
+def _damaged_sop(ds: Dataset, cut_inside: str | None) -> str | None:
+    """The SOPInstanceUID a damaged file still reveals (module rule), or None."""
+    if cut_inside == "the file meta information":
+        return None
+    if cut_inside != "SOPInstanceUID" and (sop := _text(ds, "SOPInstanceUID")):
+        return sop
+    meta = getattr(ds, "file_meta", None)
+    return _text(meta, "MediaStorageSOPInstanceUID") if meta is not None else None
+
+
+def _truncated(path: Path, ds: Dataset, element: str, need: int, have: int) -> None:
+    series = _text(ds, "SeriesInstanceUID") if element != "SeriesInstanceUID" else None
+    if element == "PixelData":
+        raise PixelDataError(
+            f"{path}: truncated pixel data: the file holds {have} of its {need} bytes; "
+            "re-export it from the source",
+            series_instance_uid=series,
+        )
+    raise NotDicomError(
+        f"{path}: truncated DICOM header: the file ends inside {element} ({have} of "
+        f"{need} bytes); re-export it from the source",
+        series_instance_uid=series,
+    )
+
+
+def _dicom_object(path: Path, ds: Dataset) -> DicomObject:
     meta = getattr(ds, "file_meta", None)
     sop_class = UID(
         str(ds.get("SOPClassUID", ""))

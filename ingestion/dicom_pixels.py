@@ -8,7 +8,6 @@ volume itself. Compressed transfer syntaxes go through pydicom's decoders (pylib
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Sequence
 from io import BufferedReader
 from pathlib import Path
@@ -17,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 from pydicom.pixels.utils import pixel_array
 
+from ingestion._pydicom import quiet_pydicom
 from ingestion.dicom_header import PixelLocation, SliceRef
-from ingestion.errors import PixelDataError
+from ingestion.errors import PixelDataError, UnreadableFileError
 
 __all__ = ["read_stack_voxels"]
 
@@ -48,9 +48,11 @@ def _read_native(
 
 def _decode(ref: SliceRef) -> npt.NDArray[np.generic]:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        # a decoder plugin that fails before another succeeds logs its traceback: held back
+        with quiet_pydicom(f"decoding {ref.path}"):
             arr = pixel_array(str(ref.path), index=ref.frame, correct_unused_bits=True)
+    except OSError:
+        raise
     except Exception as exc:  # decoders raise many exception types
         raise PixelDataError(
             f"{ref.path}: cannot decode pixel data ({exc}); check the file or convert it to an "
@@ -68,13 +70,16 @@ def read_stack_voxels(slices: Sequence[SliceRef]) -> npt.NDArray[np.float32]:
 
     Raises:
         PixelDataError: a slice is truncated or cannot be decoded; the message names the file.
+        UnreadableFileError: a file cannot be read (permission denied, I/O error).
     """
     rows, cols = slices[0].rows, slices[0].columns
     out = np.empty((len(slices), rows, cols), dtype=np.float32)  # (S, R, C)
     handles: dict[Path, BufferedReader] = {}
+    current = slices[0].path  # the file being read
     buffers: dict[str, np.ndarray] = {}
     try:
         for i, ref in enumerate(slices):
+            current = ref.path
             loc = ref.native
             if loc is not None:
                 buf = buffers.get(loc.dtype)
@@ -99,7 +104,7 @@ def read_stack_voxels(slices: Sequence[SliceRef]) -> npt.NDArray[np.float32]:
             if ref.intercept != 0.0:
                 target += np.float32(ref.intercept)
     except OSError as exc:
-        raise PixelDataError(f"cannot read pixel data: {exc}") from exc
+        raise UnreadableFileError.from_os_error(exc.filename or current, exc) from exc
     finally:
         for h in handles.values():
             h.close()

@@ -12,6 +12,7 @@ It lives in ``ingestion`` because ingestion is the first pipeline stage, which e
     ├── ConfigurationError          a setting or option has a value radcaliper cannot use
     ├── IngestionError              a file or folder cannot become a Volume
     │   ├── NotDicomError           not a DICOM (or NIfTI) file at all, or truncated
+    │   ├── UnreadableFileError     the file exists but cannot be read (permission denied, I/O)
     │   ├── UnsupportedObjectError  a readable DICOM/NIfTI object that is not a CT/MR image
     │   ├── MissingGeometryError    PixelSpacing / ImagePositionPatient / orientation absent
     │   ├── InconsistentGeometryError  geometry present but contradictory (gaps, duplicates, ...)
@@ -44,6 +45,7 @@ __all__ = [
     "SchemaVersionError",
     "StaleEditError",
     "StorageError",
+    "UnreadableFileError",
     "UnsupportedObjectError",
 ]
 
@@ -60,16 +62,43 @@ class IngestionError(RadcaliperError):
     """A file or folder cannot become a :class:`~ingestion.volume.Volume`.
 
     ``series_instance_uid`` is set when the file's series is known, so that a damaged file can
-    mark its whole series as incomplete.
+    mark its whole series as incomplete; ``sop_instance_uid`` when the image it was meant to be
+    is known, so that a damaged copy of an image that is readable elsewhere can be told apart.
     """
 
-    def __init__(self, message: str, *, series_instance_uid: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        series_instance_uid: str | None = None,
+        sop_instance_uid: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.series_instance_uid = series_instance_uid
+        self.sop_instance_uid = sop_instance_uid
 
 
 class NotDicomError(IngestionError):
     """The file is neither DICOM nor NIfTI, or is truncated / empty."""
+
+
+class UnreadableFileError(IngestionError):
+    """A file that exists but cannot be read: permission denied, or an I/O error. Nothing is
+    known about its content (not even its series)."""
+
+    @classmethod
+    def from_os_error(cls, path: object, exc: OSError) -> UnreadableFileError:
+        """The error for ``exc`` raised while opening or reading ``path``, saying what to do."""
+        if isinstance(exc, PermissionError):
+            return cls(
+                f"{path}: permission denied: the user running radcaliper may not read this file; "
+                "make it readable (e.g. chmod a+r, or fix its owner) or run radcaliper as a user "
+                "who can, then run again"
+            )
+        return cls(
+            f"{path}: cannot read file ({exc.strerror or exc}); check the disk or network share, "
+            "then run again"
+        )
 
 
 class UnsupportedObjectError(IngestionError):

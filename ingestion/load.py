@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingestion.dicom_pixels import read_stack_voxels
-from ingestion.errors import IngestionError
+from ingestion.errors import IngestionError, UnreadableFileError
 from ingestion.nifti import load_nifti
 from ingestion.scan import Rejected, ScanResult, scan_path
 from ingestion.stack import SeriesRef
@@ -72,7 +72,7 @@ def iter_volumes(
         except IngestionError as exc:
             yield Rejected(path, str(exc))
         except OSError as exc:
-            yield Rejected(path, f"{path}: cannot read file ({exc.strerror})")
+            yield Rejected(path, str(UnreadableFileError.from_os_error(path, exc)))
 
 
 def load_path(path: Path, nifti_modality: Modality | None = None) -> LoadResult:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ingestion.dicom_header import DicomObject, SeriesInfo, SliceRef, read_dicom_object
-from ingestion.errors import IngestionError
+from ingestion.errors import IngestionError, UnreadableFileError
 from ingestion.stack import SeriesRef, build_stack
 
 __all__ = ["Rejected", "ScanResult", "is_nifti_path", "iter_files", "scan_files", "scan_path"]
@@ -93,12 +93,43 @@ def _describe_split(groups: list[_Group]) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Damaged:
+    """A rejected file that may make a series incomplete."""
+
+    index: int  # its entry in ScanResult.rejected
+    path: Path
+    series_instance_uid: str | None
+    sop_instance_uid: str | None
+    unreadable: bool  # nothing is known of its content (permission denied, I/O error)
+
+
+def damaged_copy_reason(reason: str, intact: Path) -> str:
+    """``reason`` of a damaged file, said to be a damaged copy of the readable ``intact``."""
+    return f"{reason} (a damaged copy: the readable copy {intact}, same SOPInstanceUID, is used)"
+
+
+def _incomplete(series_uid: str, damaged: _Damaged) -> str:
+    why = "cannot be read" if damaged.unreadable else "is damaged"
+    return (
+        f"series {series_uid}: incomplete, because {damaged.path} {why} (see its own entry); "
+        f"fix or re-export that file"
+    )
+
+
 def scan_files(paths: Iterable[Path]) -> ScanResult:
-    """Read the header of every path and group the images into series stacks."""
+    """Read the header of every path and group the images into series stacks.
+
+    Copies of one image (same SOPInstanceUID) are used once: the first readable one; each other
+    copy gets one entry. A damaged file makes its series incomplete, unless it is a damaged copy
+    of an image read intact from another file; a file that cannot be read at all (permission
+    denied) makes every series with a file in its folder incomplete (it may be any of their
+    slices).
+    """
     result = ScanResult()
     by_series: dict[tuple[str, str], list[_Group]] = {}
-    seen: dict[tuple[str, int | None], Path] = {}
-    damaged: dict[str, Path] = {}  # series UID -> first damaged file of that series
+    first_copy: dict[str, Path] = {}  # SOPInstanceUID -> the file used for it
+    damaged: list[_Damaged] = []
     for path in paths:
         if is_nifti_path(path):
             result.nifti.append(path)
@@ -106,63 +137,72 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
         try:
             obj: DicomObject = read_dicom_object(path)
         except IngestionError as exc:
+            unreadable = isinstance(exc, UnreadableFileError)
+            if unreadable or exc.series_instance_uid or exc.sop_instance_uid:
+                damaged.append(
+                    _Damaged(
+                        len(result.rejected),
+                        path,
+                        exc.series_instance_uid,
+                        exc.sop_instance_uid,
+                        unreadable,
+                    )
+                )
             result.rejected.append(Rejected(path, str(exc)))
-            if exc.series_instance_uid is not None:
-                damaged.setdefault(exc.series_instance_uid, path)
             continue
-        except OSError as exc:
-            result.rejected.append(Rejected(path, f"{path}: cannot read file ({exc.strerror})"))
+        except OSError as exc:  # read_dicom_header says why; this is a stat() that failed
+            reason = str(UnreadableFileError.from_os_error(path, exc))
+            damaged.append(_Damaged(len(result.rejected), path, None, None, True))
+            result.rejected.append(Rejected(path, reason))
             continue
+        sop = obj.slices[0].sop_instance_uid
+        if sop in first_copy:
+            result.rejected.append(
+                Rejected(
+                    path,
+                    f"{path}: duplicate of {first_copy[sop]} (same SOPInstanceUID); "
+                    "the first copy is used",
+                )
+            )
+            continue
+        first_copy[sop] = path
         key = (obj.info.study_instance_uid, obj.info.series_instance_uid)
         groups = by_series.setdefault(key, [])
         for ref in obj.slices:
-            ident = (ref.sop_instance_uid, ref.frame)
-            if ident in seen:
-                if seen[ident] != path:
-                    result.rejected.append(
-                        Rejected(
-                            path,
-                            f"{path}: duplicate of {seen[ident]} (same SOPInstanceUID); "
-                            "the first copy is used",
-                        )
-                    )
-                continue
-            seen[ident] = path
             group = next((g for g in groups if g.accepts(ref)), None)
             if group is None:
                 groups.append(_Group(obj.info, [ref]))
             else:
                 group.slices.append(ref)
+    broken: dict[str, _Damaged] = {}  # series UID -> why it is incomplete
+    unreadable_in: dict[Path, _Damaged] = {}  # folder -> a file in it that cannot be read
+    for item in damaged:
+        intact = first_copy.get(item.sop_instance_uid or "")
+        if intact is not None:
+            old = result.rejected[item.index]
+            result.rejected[item.index] = Rejected(
+                old.path, damaged_copy_reason(old.reason, intact)
+            )
+        elif item.unreadable:
+            unreadable_in.setdefault(item.path.parent, item)
+        elif item.series_instance_uid is not None:
+            broken.setdefault(item.series_instance_uid, item)
     for (_, series_uid), groups in by_series.items():
-        if series_uid in damaged:
+        cause = broken.get(series_uid) or next(
+            (
+                unreadable_in[s.path.parent]
+                for g in groups
+                for s in g.slices
+                if s.path.parent in unreadable_in
+            ),
+            None,
+        )
+        if cause is not None:
             result.rejected.append(
-                Rejected(
-                    groups[0].slices[0].path,
-                    f"series {series_uid}: incomplete, because {damaged[series_uid]} is damaged "
-                    "(see its own entry); fix or re-export that file",
-                )
+                Rejected(groups[0].slices[0].path, _incomplete(series_uid, cause))
             )
             continue
-        split = len(groups) > 1
-        if split:
-            logger.info("series split into %d parts: %s", len(groups), _describe_split(groups))
-        for index, group in enumerate(groups, start=1):
-            note = (
-                f"part {index} of {len(groups)}: the series mixes image sizes, orientations "
-                "or pixel spacings and was split"
-                if split
-                else None
-            )
-            try:
-                stack = build_stack(group.info, group.slices, part=index if split else None)
-            except IngestionError as exc:
-                result.rejected.append(Rejected(group.slices[0].path, str(exc)))
-                continue
-            if note is not None:
-                stack = SeriesRef(
-                    stack.info, stack.slices, stack.geometry, stack.part, (note, *stack.warnings)
-                )
-            result.series.append(stack)
+        result.series.extend(_stacks(groups, result))
     logger.info(
         "scan: %d series, %d NIfTI, %d rejected",
         len(result.series),
@@ -170,6 +210,32 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
         len(result.rejected),
     )
     return result
+
+
+def _stacks(groups: list[_Group], result: ScanResult) -> list[SeriesRef]:
+    """The stacks of one series' groups; a group that does not stack is rejected."""
+    split = len(groups) > 1
+    if split:
+        logger.info("series split into %d parts: %s", len(groups), _describe_split(groups))
+    out = []
+    for index, group in enumerate(groups, start=1):
+        note = (
+            f"part {index} of {len(groups)}: the series mixes image sizes, orientations "
+            "or pixel spacings and was split"
+            if split
+            else None
+        )
+        try:
+            stack = build_stack(group.info, group.slices, part=index if split else None)
+        except IngestionError as exc:
+            result.rejected.append(Rejected(group.slices[0].path, str(exc)))
+            continue
+        if note is not None:
+            stack = SeriesRef(
+                stack.info, stack.slices, stack.geometry, stack.part, (note, *stack.warnings)
+            )
+        out.append(stack)
+    return out
 
 
 def scan_path(path: Path) -> ScanResult:

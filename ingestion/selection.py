@@ -6,7 +6,10 @@ Per study (README "Batch processing"):
    path in byte order; the others are skipped as duplicates.
 2. A series is not a candidate when its modality is not one of ``modalities`` (default CT),
    when its images are DERIVED or SECONDARY (unless ``include_derived``), when one of its files
-   is rejected (the series is incomplete), or when it has fewer than ``min_slices`` planes.
+   is rejected (the series is incomplete; not for a damaged copy of an image that another file
+   holds intact, which is used instead), when a file in one of its folders cannot be read at
+   all (permission denied: it may be any of the series' slices), or when it has fewer than
+   ``min_slices`` planes.
    Localizers, secondary captures and non-image objects never get this far (the catalog
    skips them).
 3. The candidates are ranked: axial first, then the thinnest reconstruction (slice spacing
@@ -130,6 +133,7 @@ def _candidate(uid: str, images: Sequence[FileRecord]) -> SeriesCandidate:
 def _left_out(
     uid: str, attrs: ImageAttributes, planes: int, damaged: FileRecord | None, rules: SelectionRules
 ) -> str | None:
+    """Why series ``uid`` is not a candidate, or None."""
     if attrs.modality not in rules.modalities:
         return (
             f"series {uid}: modality {attrs.modality}; this batch measures "
@@ -141,7 +145,8 @@ def _left_out(
             "reformat; not measured (--include-derived)"
         )
     if damaged is not None:
-        return f"series {uid}: incomplete, because {damaged.path} is damaged (see its own entry)"
+        why = "cannot be read" if damaged.unreadable else "is damaged"
+        return f"series {uid}: incomplete, because {damaged.path} {why} (see its own entry)"
     if planes < rules.min_slices:
         return f"series {uid}: {planes} slice(s), fewer than --min-slices {rules.min_slices}"
     return None
@@ -153,8 +158,8 @@ def plan_study(
     damaged: Sequence[FileRecord],
     rules: SelectionRules,
 ) -> StudyPlan:
-    """Rank the series of one study (its cataloged image files and the rejected files of its
-    series) under ``rules``."""
+    """Rank the series of one study (its cataloged image files; the rejected files of its series
+    and the unreadable files of its folders) under ``rules``."""
     notes: list[Note] = []
     first_copy: dict[str, Path] = {}
     by_series: dict[str, list[FileRecord]] = {}
@@ -176,11 +181,22 @@ def plan_study(
             )
             continue
         by_series.setdefault(uid, []).append(record)
-    broken = {r.series_instance_uid: r for r in damaged if r.series_instance_uid}
+    broken: dict[str, FileRecord] = {}
+    unreadable_in: dict[Path, FileRecord] = {}  # folder -> a file in it that cannot be read
+    for record in damaged:
+        if record.intact_copy is not None:
+            continue  # a damaged copy: the intact one is used
+        if record.unreadable:
+            unreadable_in.setdefault(record.path.parent, record)
+        elif record.series_instance_uid:
+            broken.setdefault(record.series_instance_uid, record)
     candidates = []
     for uid, files in sorted(by_series.items()):
         candidate = _candidate(uid, files)
-        reason = _left_out(uid, candidate.first, candidate.planes, broken.get(uid), rules)
+        cause = broken.get(uid) or next(
+            (unreadable_in[r.path.parent] for r in files if r.path.parent in unreadable_in), None
+        )
+        reason = _left_out(uid, candidate.first, candidate.planes, cause, rules)
         if reason is None:
             candidates.append(candidate)
         else:

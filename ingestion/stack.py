@@ -13,7 +13,10 @@ Rules (documented in README "Ingestion rules"):
 - A slice axis that is not perpendicular to the image plane (gantry tilt) is kept exactly (the
   geometry is sheared) and reported as a warning.
 - A single-slice series takes its slice spacing from SpacingBetweenSlices or SliceThickness, and
-  is rejected if neither is present.
+  is rejected if neither is present (naming a value that is there but not > 0).
+- Header values that contradict themselves or the positions without being needed are named
+  (tag and value) in a warning and not used: a SliceThickness or SpacingBetweenSlices that is
+  not a number > 0, a SpacingBetweenSlices that differs from the distance between the planes.
 """
 
 from __future__ import annotations
@@ -56,6 +59,20 @@ def _where(ref: SliceRef) -> str:
     return str(ref.path) if ref.frame is None else f"{ref.path} frame {ref.frame + 1}"
 
 
+def _stated_spacing_contradictions(
+    ordered: Sequence[SliceRef], plane_mm: float, step_mm: float, tol: float
+) -> list[str]:
+    """A warning for each SpacingBetweenSlices that is neither the distance between the planes
+    nor the step from one slice position to the next (they differ under gantry tilt)."""
+    stated = {s.spacing_between_slices for s in ordered if s.spacing_between_slices is not None}
+    return [
+        f"SpacingBetweenSlices is {value:g} mm but the slices are {step_mm:.4g} mm apart "
+        f"({plane_mm:.4g} mm between planes); the positions are used"
+        for value in sorted(stated)
+        if min(abs(value - step_mm), abs(value - plane_mm)) > tol
+    ]
+
+
 def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None = None) -> SeriesRef:
     """Sort ``slices`` (same size, orientation and pixel spacing) into a :class:`SeriesRef`.
 
@@ -69,12 +86,13 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
     name = info.series_instance_uid if part is None else f"{info.series_instance_uid} part {part}"
     normal = np.asarray(first.normal)
     normal = normal / np.linalg.norm(normal)
-    warnings: list[str] = []
+    problems = tuple(dict.fromkeys(p for s in slices for p in s.header_problems))
+    warnings = [f"{p}: ignored" for p in problems]
     if len(slices) == 1:
         if first.nominal_thickness is None:
+            stated = "; ".join(problems) or "neither SpacingBetweenSlices nor SliceThickness"
             raise MissingGeometryError(
-                f"{first.path}: single-slice series {name} states neither SpacingBetweenSlices "
-                "nor SliceThickness; its slice spacing is unknown"
+                f"{first.path}: single-slice series {name}: {stated}; its slice spacing is unknown"
             )
         geometry = Geometry(
             origin=first.position,
@@ -128,6 +146,7 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
             f"{off_line[i]:.3f} mm off); the series mixes stacks"
         )
     spacing = float(np.linalg.norm(step))
+    warnings += _stated_spacing_contradictions(ordered, step_mm, spacing, tol)
     direction = step / spacing
     tilt = math.degrees(math.acos(min(1.0, abs(float(direction @ normal)))))
     if tilt > _TILT_WARNING_DEGREES:

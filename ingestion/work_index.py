@@ -7,7 +7,12 @@ disk, so that memory does not grow with the tree and a second scan reads no unch
   files no longer in the tree stay behind but are never returned.
 - :meth:`WorkIndex.studies` pages through the study UIDs of the last scan;
   :meth:`WorkIndex.study_images` returns one study's image files, :meth:`WorkIndex.damaged`
-  the rejected files of given series, :meth:`WorkIndex.files` streams files by status.
+  the rejected files of given series, :meth:`WorkIndex.unreadable` the files that could not be
+  read at all, :meth:`WorkIndex.problems_of` both for a study's images (what series selection
+  needs), :meth:`WorkIndex.files` streams files by status.
+- A rejected file whose image (SOPInstanceUID) is an image file of the last scan is returned as a
+  damaged copy: ``intact_copy`` names that file and its reason says so. This is worked out
+  when the files are read back, not stored: it holds for the tree as it is now.
 
 The index is a cache: deleting it costs one full header scan, nothing else. It is used by one
 process at a time (the batch takes a lock on its work folder).
@@ -24,19 +29,25 @@ from pathlib import Path
 from typing import Any
 
 from ingestion.catalog import FileRecord, FileStatus, ImageAttributes, catalog_file
-from ingestion.scan import iter_files
+from ingestion.errors import UnreadableFileError
+from ingestion.scan import damaged_copy_reason, iter_files
 
 __all__ = ["ScanCounts", "WorkIndex"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"  # 3: rejected files keep their SOPInstanceUID
 _COMMIT_EVERY = 500
 _PAGE = 256
 _COLUMNS = (
     "path, size, mtime_ns, status, reason, error, series_uid, study_uid, sop_uid, modality, "
     "series_number, series_description, image_type, rows, columns, planes, nx, ny, nz, "
     "depth_min, depth_max, pixel_spacing, thickness"
+)
+# a rejected file's intact copy: an image file of the same generation with its SOPInstanceUID
+_COPY = (
+    "(SELECT i.path FROM files AS i WHERE i.sop_uid = files.sop_uid AND i.status = 'image' "
+    "AND i.seen = files.seen ORDER BY i.path LIMIT 1)"
 )
 _INSERT = (
     f"INSERT OR REPLACE INTO files ({_COLUMNS.replace('mtime_ns,', 'mtime_ns, seen,')}) "
@@ -53,7 +64,9 @@ CREATE TABLE files (
     reason TEXT NOT NULL,
     error TEXT NOT NULL,
     series_uid TEXT,                -- images, and rejected files of a known series
-    study_uid TEXT, sop_uid TEXT, modality TEXT, series_number INTEGER,
+    study_uid TEXT,
+    sop_uid TEXT,                   -- images, and rejected files of a known image
+    modality TEXT, series_number INTEGER,
     series_description TEXT, image_type TEXT, rows INTEGER, columns INTEGER, planes INTEGER,
     nx REAL, ny REAL, nz REAL, depth_min REAL, depth_max REAL, pixel_spacing REAL,
     thickness REAL
@@ -62,6 +75,7 @@ CREATE TABLE files (
 -- for each study; the report's once-per-run listing by status scans the table instead
 CREATE INDEX ix_files_study ON files (study_uid, status);
 CREATE INDEX ix_files_series ON files (series_uid, status);
+CREATE INDEX ix_files_sop ON files (sop_uid, status);
 INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}'), ('generation', '0');
 """
 
@@ -90,7 +104,7 @@ def _row(record: FileRecord, seen: int) -> tuple[Any, ...]:
         record.error,
     )
     if image is None:
-        return (*base, record.series_instance_uid, *([None] * 16))
+        return (*base, record.series_instance_uid, None, record.sop_instance_uid, *([None] * 14))
     return (
         *base,
         image.series_instance_uid,
@@ -112,6 +126,7 @@ def _row(record: FileRecord, seen: int) -> tuple[Any, ...]:
 
 
 def _record(row: Sequence[Any]) -> FileRecord:
+    """A row of ``_COLUMNS``, and when it has one more value, the path of its intact copy."""
     (path, size, mtime, status, reason, error, series, study, sop, modality, number) = row[:11]
     (description, image_type, rows, columns, planes, nx, ny, nz) = row[11:19]
     (depth_min, depth_max, spacing, thickness) = row[19:23]
@@ -134,15 +149,18 @@ def _record(row: Sequence[Any]) -> FileRecord:
             pixel_spacing_mm=spacing,
             nominal_thickness_mm=thickness,
         )
+    copy = Path(os.fsdecode(row[23])) if len(row) > 23 and row[23] is not None else None
     return FileRecord(
         Path(os.fsdecode(path)),
         size,
         mtime,
         FileStatus(status),
-        reason,
+        reason if copy is None else damaged_copy_reason(reason, copy),
         error,
         None if image is not None else series,
         image,
+        sop_instance_uid=None if image is not None else sop,
+        intact_copy=copy,
     )
 
 
@@ -154,6 +172,7 @@ class WorkIndex:
         self.path = path
         self._db = self._open(path)
         self.generation = int(self._meta("generation"))
+        self._unreadable: dict[Path, list[FileRecord]] | None = None  # by folder, this generation
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection:
@@ -226,6 +245,7 @@ class WorkIndex:
             db.execute("ROLLBACK")
             raise
         self.generation = generation
+        self._unreadable = None
         counts.reused = counts.files - counts.read
         for status, n in db.execute(
             "SELECT status, COUNT(*) FROM files WHERE seen = ? GROUP BY status", (generation,)
@@ -295,23 +315,50 @@ class WorkIndex:
         ]
 
     def damaged(self, series_instance_uids: Sequence[str]) -> list[FileRecord]:
-        """Rejected files (last scan) that belong to one of these series."""
+        """Rejected files (last scan) that belong to one of these series (damaged copies with
+        their ``intact_copy``)."""
         out: list[FileRecord] = []
         for uid in dict.fromkeys(series_instance_uids):
             out += [
                 _record(r)
                 for r in self._db.execute(
-                    f"SELECT {_COLUMNS} FROM files WHERE series_uid = ? AND seen = ? "
+                    f"SELECT {_COLUMNS}, {_COPY} FROM files WHERE series_uid = ? AND seen = ? "
                     "AND status = 'rejected' ORDER BY path",
                     (uid, self.generation),
                 )
             ]
         return out
 
-    def files(self, status: FileStatus) -> Iterator[FileRecord]:
-        """Stream the last scan's files of one status, by path."""
+    def unreadable(self) -> Iterator[FileRecord]:
+        """The last scan's files that could not be read at all (permission denied, I/O error),
+        by path; nothing is known of their content."""
         cursor = self._db.execute(
-            f"SELECT {_COLUMNS} FROM files WHERE seen = ? AND status = ? ORDER BY path",
+            f"SELECT {_COLUMNS} FROM files WHERE series_uid IS NULL AND seen = ? "
+            "AND status = 'rejected' AND error = ? ORDER BY path",
+            (self.generation, UnreadableFileError.__name__),
+        )
+        for row in cursor:
+            yield _record(row)
+
+    def problems_of(self, images: Sequence[FileRecord]) -> list[FileRecord]:
+        """The rejected files that bear on these image files' series: those of the same series
+        (:meth:`damaged`) and those of the same folders that could not be read at all
+        (:meth:`unreadable`, kept in memory once per scan: there are few)."""
+        if self._unreadable is None:
+            self._unreadable = {}
+            for record in self.unreadable():
+                self._unreadable.setdefault(record.path.parent, []).append(record)
+        out = self.damaged([r.image.series_instance_uid for r in images if r.image is not None])
+        for folder in dict.fromkeys(r.path.parent for r in images):
+            out += self._unreadable.get(folder, [])
+        return out
+
+    def files(self, status: FileStatus) -> Iterator[FileRecord]:
+        """Stream the last scan's files of one status, by path (rejected ones that are damaged
+        copies with their ``intact_copy``)."""
+        copy = f", {_COPY}" if status is FileStatus.REJECTED else ""
+        cursor = self._db.execute(
+            f"SELECT {_COLUMNS}{copy} FROM files WHERE seen = ? AND status = ? ORDER BY path",
             (self.generation, str(status)),
         )
         for row in cursor:

@@ -17,12 +17,14 @@ import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.fileset import FileSet
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import ExplicitVRLittleEndian
 from sqlalchemy import select
 
 from db.engine import Store
 from db.models import Run, Series, Study
 from ingestion.phantoms import PhantomSpec, write_phantoms
+
+from conftest import fixed_uid
 
 # small phantoms for tests about the batch machinery (the model still runs on them)
 SMALL = PhantomSpec.small()
@@ -51,14 +53,17 @@ def by_position(folder: Path) -> list[Dataset]:
 
 
 def rewrite_series(datasets: list[Dataset], folder: Path, **changes: object) -> list[Path]:
-    """Save copies of ``datasets`` as a new series (new series and SOP instance UIDs)."""
+    """Save copies of ``datasets`` as a new series (new series and SOP instance UIDs, derived
+    from the sources, the folder's name and the changes: the same bytes on every run)."""
     folder.mkdir(parents=True, exist_ok=True)
-    series_uid = generate_uid()
+    series_uid = fixed_uid(
+        "rewrite", folder.name, *(str(d.SOPInstanceUID) for d in datasets), sorted(changes.items())
+    )
     paths = []
     for i, source in enumerate(datasets):
         ds = copy.deepcopy(source)
         ds.SeriesInstanceUID = series_uid
-        ds.SOPInstanceUID = generate_uid()
+        ds.SOPInstanceUID = fixed_uid(series_uid, i)
         ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
         for keyword, value in changes.items():
             setattr(ds, keyword, value)
@@ -74,14 +79,14 @@ def _object(folder: Path, name: str, sop_class: str, modality: str, study_uid: s
     """A minimal non-image object (SR, SEG, RTSTRUCT) of the study."""
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = sop_class
-    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.MediaStorageSOPInstanceUID = fixed_uid(study_uid, name, "instance")
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
     ds.SOPClassUID = sop_class
     ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
     ds.StudyInstanceUID = study_uid
-    ds.SeriesInstanceUID = generate_uid()
+    ds.SeriesInstanceUID = fixed_uid(study_uid, name, "series")
     ds.Modality = modality
     ds.PatientID = "PHANTOM"
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,6 +128,7 @@ def build_tree(root: Path, *, n: int, seed: int = 11, spec: PhantomSpec | None =
 
     # study 4: a DICOMDIR media copy (the copies are duplicates, used once)
     media = FileSet()
+    media.UID = fixed_uid("media", seed)  # not a random one: the same bytes on every run
     for path in _files(studies[4] / "dicom"):
         media.add(path)
     media.write(root / "media")

@@ -11,10 +11,22 @@ from typing import Any
 import numpy as np
 import pydicom
 import pytest
+from hypothesis import settings
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, MRImageStorage, generate_uid
 
 pytest_plugins = ("db_fixtures",)  # the store's databases (tests/db_fixtures.py)
+
+# Property tests draw the same examples on every run (a failure is reproduced by running again).
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
+
+
+def fixed_uid(*parts: object) -> str:
+    """A DICOM UID derived from ``parts`` (always 64 characters): test files are the same bytes
+    on every run, so that a cut at a fixed offset always lands in the same place (a random UID
+    can be shorter and shift every byte after it)."""
+    return str(generate_uid(entropy_srcs=[repr(p) for p in parts]))
 
 
 @dataclass
@@ -45,12 +57,16 @@ def make_dataset(
     intercept: float = -1024.0,
     modality: str = "CT",
     thickness: float | None = 2.5,
+    sop_instance_uid: str | None = None,
 ) -> Dataset:
-    """A minimal but valid single-frame CT/MR image dataset."""
+    """A minimal but valid single-frame CT/MR image dataset (its SOPInstanceUID derived from the
+    series, instance number and position unless given)."""
     meta = FileMetaDataset()
     sop_class = CTImageStorage if modality == "CT" else MRImageStorage
     meta.MediaStorageSOPClassUID = sop_class
-    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.MediaStorageSOPInstanceUID = sop_instance_uid or fixed_uid(
+        series_uid, instance, *(float(v) for v in position)
+    )
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
@@ -95,7 +111,10 @@ def write_series() -> SeriesFactory:
     row_direction, column_direction, step (slice step vector; default normal * gap), origin,
     order ("shuffled" | "ascending" | "descending" file numbering), drop (slice indices to omit),
     slope, intercept, modality, seed, study_uid, series_uid, mutate (callable(ds, index)).
+    UIDs are derived from ``seed`` and the call's number within the test: the same bytes on
+    every run, and distinct series for each call.
     """
+    calls = 0
 
     def write(
         folder: Path,
@@ -119,14 +138,16 @@ def write_series() -> SeriesFactory:
         series_uid: str | None = None,
         mutate: Callable[[Dataset, int], Any] | None = None,
     ) -> WrittenSeries:
+        nonlocal calls
+        calls += 1
         rng = np.random.default_rng(seed)
         folder.mkdir(parents=True, exist_ok=True)
         row = np.asarray(row_direction, dtype=float)
         col = np.asarray(column_direction, dtype=float)
         normal = np.cross(row, col)
         step_vec = normal * gap if step is None else np.asarray(step, dtype=float)
-        study_uid = study_uid or generate_uid()
-        series_uid = series_uid or generate_uid()
+        study_uid = study_uid or fixed_uid("study", seed, calls)
+        series_uid = series_uid or fixed_uid("series", seed, calls)
         stored = rng.integers(0, 3000, size=(n, rows, cols), dtype=np.uint16)
         keep = [i for i in range(n) if i not in set(drop)]
         names = {
@@ -150,6 +171,7 @@ def write_series() -> SeriesFactory:
                 intercept=intercept,
                 modality=modality,
                 thickness=gap,
+                sop_instance_uid=fixed_uid("image", seed, calls, i),
             )
             if mutate is not None:
                 mutate(ds, i)

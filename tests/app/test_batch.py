@@ -327,6 +327,35 @@ def test_a_series_that_fails_to_load_gives_way_to_the_next(
     ]
 
 
+def test_a_truncated_copy_of_one_image_elsewhere_does_not_fail_the_study(
+    tmp_path: Path, sqlite_store: Store, measurer: Any
+) -> None:
+    """issue 21: a second, truncated copy of one image (same SOPInstanceUID) in another folder
+    made a good study fail as "incomplete". The intact copy is used; the damaged one is
+    reported as a damaged copy."""
+    study_uid, thin, _ = _study_with_two_series(tmp_path / "tree")
+    original = sorted((tmp_path / "tree" / "study").rglob("dicom/*.dcm"))[4]
+    damaged = tmp_path / "tree" / "export2" / "IM0004.dcm"
+    damaged.parent.mkdir()
+    damaged.write_bytes(original.read_bytes()[:-3000])
+    options = BatchOptions(
+        root=tmp_path / "tree",
+        work_dir=tmp_path / "work",
+        rules=SelectionRules(min_slices=5),
+        workers=0,
+        report=tmp_path / "report",
+    )
+    summary = run_batch(options, store=sqlite_store, measurer=measurer)
+    assert (summary.stored, summary.failed, summary.rejected_series) == (1, 0, 0)
+    report = json.loads((tmp_path / "report.json").read_text())
+    (study,) = report["studies"]
+    assert study["study_instance_uid"] == study_uid and study["series_instance_uids"] == [thin]
+    (rejected,) = report["rejected"]
+    assert rejected["path"] == str(damaged) and "truncated pixel data" in rejected["reason"]
+    assert f"a damaged copy: the readable copy {original}" in rejected["reason"]
+    assert not any("incomplete" in entry["reason"] for entry in report["skipped"])
+
+
 def test_inference_gets_the_cpus_the_loaders_leave_and_the_threads_are_restored(
     tmp_path: Path, sqlite_store: Store, measurer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 from pydicom.dataset import Dataset
 
 from ingestion.catalog import FileRecord, FileStatus, catalog_file
+from ingestion.scan import scan_files
 from ingestion.selection import NoteKind, SelectionRules, StudyPlan, plan_study
 from ingestion.work_index import WorkIndex
 
@@ -62,13 +63,41 @@ def test_a_cut_image_marks_its_series(tmp_path: Path, write_series: SeriesFactor
     written = write_series(tmp_path / "s", n=1, rows=64, cols=64)
     data = written.paths[0].read_bytes()
     (tmp_path / "cut.dcm").write_bytes(data[:-1000])
-    (tmp_path / "head.dcm").write_bytes(data[:400])
+    # inside the dataset's SOPClassUID, which then reads "1.2.840.10008." (an invalid UID)
+    sop_class = data.index(b"1.2.840.10008.5.1.4.1.1.2\0", data.index(b"DICM") + 200)
+    (tmp_path / "head.dcm").write_bytes(data[: sop_class + len("1.2.840.10008.")])
     cut, head = catalog_file(tmp_path / "cut.dcm"), catalog_file(tmp_path / "head.dcm")
     assert cut.status is head.status is FileStatus.REJECTED
     assert "truncated pixel data" in cut.reason and cut.error == "PixelDataError"
-    assert "truncated or damaged" in head.reason and head.error == "PixelDataError"
+    assert "truncated DICOM header: the file ends inside SOPClassUID" in head.reason
+    assert head.error == "NotDicomError"
     assert cut.series_instance_uid == written.series_uid  # the series is incomplete
     assert head.series_instance_uid is None  # cut before its SeriesInstanceUID
+
+
+def test_a_header_cut_anywhere_is_rejected_as_truncated(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    """Every cut of an image before its pixel data ends the same way, wherever it lands: inside
+    a UID (which then reads as an invalid one, e.g. '1.2.840.10008.'), a tag or a length. Such a
+    cut used to escape as a pydicom warning ("unreadable DICOM header") when the value was read."""
+    written = write_series(tmp_path / "s", n=1, rows=4, cols=4)
+    data = written.paths[0].read_bytes()
+    pixels = data.rfind(b"\xe0\x7f\x10\x00")  # the PixelData tag
+    assert pixels > 0
+    outcomes = set()
+    for cut in range(1, pixels + 12):
+        path = tmp_path / f"cut_{cut}.dcm"
+        path.write_bytes(data[:cut])
+        record = catalog_file(path)
+        assert record.status is FileStatus.REJECTED, (cut, record)
+        assert record.error in {"NotDicomError", "PixelDataError"}, (cut, record.reason)
+        assert any(w in record.reason for w in ("truncated", "not a DICOM file")), (cut, record)
+        (rejected,) = scan_files([path]).rejected
+        assert rejected.reason == record.reason, cut
+        outcomes.add(record.reason.removeprefix(f"{path}: ").split(" (")[0].split(":")[0])
+        path.unlink()
+    assert len(outcomes) >= 3  # preamble, header and pixel data cuts are told apart
 
 
 def test_secondary_captures_localizers_and_structured_reports_are_skipped(
@@ -155,7 +184,7 @@ def _plan(folder: Path, rules: SelectionRules | None = None) -> StudyPlan:
         index.scan(folder)
         (study,) = index.studies()
         images = index.study_images(study)
-        damaged = index.damaged([r.image.series_instance_uid for r in images if r.image])
+        damaged = index.problems_of(images)
     return plan_study(study, images, damaged, rules or SelectionRules(min_slices=3))
 
 
@@ -216,6 +245,34 @@ def test_selection_leaves_out_other_modalities_derived_and_incomplete_series(
         mr.series_uid,
         mpr.series_uid,
     }
+
+
+def test_a_damaged_copy_does_not_make_its_series_incomplete(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    """Same tree as the scan's test: a cut copy (pixel data) and a header cut before the series
+    UID, of two images that are intact elsewhere; and a third, cut with no other copy."""
+    study = "1.2.826.0.1.3680043.10.3"
+    tree = tmp_path / "study"
+    good = write_series(tree / "a", n=5, gap=2.0, rows=64, cols=64, study_uid=study)
+    other = write_series(tree / "b", n=4, gap=1.0, rows=64, cols=64, study_uid=study, seed=1)
+    (tree / "copy").mkdir()
+    (tree / "copy" / "1.dcm").write_bytes(good.paths[1].read_bytes()[:-500])
+    data = good.paths[3].read_bytes()
+    (tree / "copy" / "3.dcm").write_bytes(data[: data.index(b"DICM") + 300])
+    other.paths[2].write_bytes(other.paths[2].read_bytes()[:-500])
+    plan = _plan(tree)
+    assert [c.series_instance_uid for c in plan.candidates] == [good.series_uid]
+    assert plan.candidates[0].paths == tuple(sorted(good.paths))
+    reasons = {n.series_instance_uid: n.reason for n in plan.notes}
+    assert f"incomplete, because {other.paths[2]} is damaged" in reasons[other.series_uid]
+    with WorkIndex(tmp_path / "study.sqlite3") as index:  # the report's rejected files
+        rejected = {r.path: r for r in index.files(FileStatus.REJECTED)}
+    assert rejected[tree / "copy" / "1.dcm"].intact_copy == good.paths[1]
+    assert rejected[tree / "copy" / "3.dcm"].intact_copy == good.paths[3]
+    assert "a damaged copy: the readable copy" in rejected[tree / "copy" / "1.dcm"].reason
+    assert rejected[other.paths[2]].intact_copy is None
+    assert "damaged copy" not in rejected[other.paths[2]].reason
 
 
 def test_copies_of_an_image_are_used_once(tmp_path: Path, write_series: SeriesFactory) -> None:

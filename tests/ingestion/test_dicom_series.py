@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,6 +170,27 @@ def test_exact_duplicate_file_is_used_once(tmp_path: Path, write_series: SeriesF
     assert "same SOPInstanceUID" in rejected.reason
 
 
+def test_each_extra_copy_of_an_image_gets_one_entry(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    """Three exact copies: two entries (one per extra copy), also for a multi-frame object."""
+    from test_enhanced import write_enhanced
+
+    written = write_series(tmp_path / "s", n=4)
+    for name in ("copy_a.dcm", "copy_b.dcm"):
+        shutil.copy(written.paths[2], tmp_path / "s" / name)
+    (tmp_path / "e").mkdir()
+    write_enhanced(tmp_path / "e" / "enh.dcm", frames=5)
+    for name in ("enh_a.dcm", "enh_b.dcm"):
+        shutil.copy(tmp_path / "e" / "enh.dcm", tmp_path / "e" / name)
+    for folder, planes in (("s", 4), ("e", 5)):
+        result = load_path(tmp_path / folder)
+        assert [v.shape[0] for v in result.volumes] == [planes]
+        assert len(result.rejected) == 2, [r.reason for r in result.rejected]
+        assert all("duplicate of" in r.reason for r in result.rejected)
+        assert len({r.path for r in result.rejected}) == 2
+
+
 def test_series_mixing_orientations_is_split(tmp_path: Path, write_series: SeriesFactory) -> None:
     axial = write_series(tmp_path / "s" / "a", n=4)
     write_series(
@@ -288,7 +310,84 @@ def test_zero_pixel_spacing_is_rejected(tmp_path: Path, write_series: SeriesFact
         ds.PixelSpacing = [0, 0.5]
 
     write_series(tmp_path / "s", n=2, mutate=corrupt)
-    assert all("PixelSpacing must be > 0" in r.reason for r in scan_path(tmp_path / "s").rejected)
+    rejected = scan_path(tmp_path / "s").rejected
+    assert all(
+        "PixelSpacing is [0.0, 0.5] mm; both values must be > 0" in r.reason for r in rejected
+    )
+
+
+@pytest.mark.parametrize(
+    ("tags", "words"),
+    [
+        ({"PixelSpacing": [-0.7, 0.8]}, "PixelSpacing is [-0.7, 0.8] mm"),
+        (
+            {"ImageOrientationPatient": [1, 0, 0, 0, 2, 0]},
+            "ImageOrientationPatient [1.0, 0.0, 0.0, 0.0, 2.0, 0.0] has a column vector",
+        ),
+        (
+            {"ImageOrientationPatient": [1, 0, 0, 0.6, 0.8, 0]},
+            "ImageOrientationPatient [1.0, 0.0, 0.0, 0.6, 0.8, 0.0] has row and column vectors "
+            "that are not perpendicular (dot = 0.6000)",
+        ),
+    ],
+)
+def test_contradictory_geometry_names_the_tag_and_its_value(
+    tmp_path: Path, write_series: SeriesFactory, tags: dict[str, Any], words: str
+) -> None:
+    def corrupt(ds: Dataset, i: int) -> None:
+        for keyword, value in tags.items():
+            setattr(ds, keyword, value)
+
+    write_series(tmp_path / "s", n=3, mutate=corrupt)
+    result = scan_path(tmp_path / "s")
+    assert result.series == [] and len(result.rejected) == 3
+    assert all(words in r.reason for r in result.rejected), result.rejected[0].reason
+
+
+@pytest.mark.parametrize(
+    ("tags", "warning"),
+    [
+        ({"SliceThickness": "-2.5"}, "SliceThickness is -2.5 mm; a slice spacing must be > 0"),
+        ({"SliceThickness": "0"}, "SliceThickness is 0 mm; a slice spacing must be > 0"),
+        (
+            {"SpacingBetweenSlices": "-2.5"},
+            "SpacingBetweenSlices is -2.5 mm; a slice spacing must be > 0",
+        ),
+        ({"SliceThickness": "thick"}, "SliceThickness is 'thick', not a number"),
+        (
+            {"SpacingBetweenSlices": "4"},
+            "SpacingBetweenSlices is 4 mm but the slices are 2.5 mm apart (2.5 mm between planes)",
+        ),
+    ],
+)
+def test_unused_header_contradictions_are_named_in_a_warning(
+    tmp_path: Path, write_series: SeriesFactory, tags: dict[str, str], warning: str
+) -> None:
+    """Slice spacing comes from the positions; a stated one that cannot be right is named."""
+    from pydicom.dataelem import RawDataElement
+    from pydicom.tag import Tag
+
+    def state(ds: Dataset, i: int) -> None:
+        for keyword, value in tags.items():  # as written by an exporter, even 'thick'
+            raw = value.encode().ljust(len(value) + len(value) % 2)
+            ds[Tag(keyword)] = RawDataElement(Tag(keyword), "DS", len(raw), raw, 0, False, True)
+
+    write_series(tmp_path / "s", n=4, gap=2.5, mutate=state)
+    (volume,) = load_path(tmp_path / "s").volumes
+    assert volume.geometry.slice_spacing == pytest.approx(2.5)
+    assert any(w.startswith(warning) for w in volume.warnings), volume.warnings
+
+
+def test_a_single_slice_with_a_negative_thickness_is_rejected_naming_it(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    def state(ds: Dataset, i: int) -> None:
+        ds.SliceThickness = "-2.5"
+
+    write_series(tmp_path / "s", n=1, mutate=state)
+    (rejected,) = scan_path(tmp_path / "s").rejected
+    assert "SliceThickness is -2.5 mm; a slice spacing must be > 0" in rejected.reason
+    assert "its slice spacing is unknown" in rejected.reason
 
 
 def test_localizer_is_skipped(tmp_path: Path, write_series: SeriesFactory) -> None:

@@ -9,9 +9,11 @@ import pydicom
 import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence
-from pydicom.uid import ExplicitVRLittleEndian, RLELossless, generate_uid
+from pydicom.uid import ExplicitVRLittleEndian, RLELossless
 
 from ingestion import load_path, scan_path
+
+from conftest import fixed_uid
 
 ENHANCED_CT = "1.2.840.10008.5.1.4.1.1.2.1"
 
@@ -41,13 +43,14 @@ def write_enhanced(
     stored = rng.integers(0, 4000, size=(frames, rows, cols), dtype=np.uint16)
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = ENHANCED_CT
-    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.MediaStorageSOPInstanceUID = fixed_uid("enhanced", frames, order, "instance")
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
     ds.SOPClassUID = ENHANCED_CT
     ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
-    ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    ds.StudyInstanceUID = fixed_uid("enhanced", frames, order, "study")
+    ds.SeriesInstanceUID = fixed_uid("enhanced", frames, order, "series")
     ds.Modality = "CT"
     ds.PatientID = "ENH-1"
     ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
