@@ -19,7 +19,7 @@ from rich.table import Table
 from app.cli_batch import batch
 from app.cli_model import calibrate, evaluate, measure, serve, train
 from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
-from app.console import EXIT_NOTHING, EXIT_OK, err, out, settings_of
+from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
 from app.logs import configure_logging
 from app.settings import Settings
 
@@ -81,7 +81,7 @@ def _main(
 def _print_inspect(report: dict[str, Any]) -> None:
     series = report["series"]
     if series:
-        table = Table(title=f"Series under {report['path']}", show_lines=False)
+        table = Table(title=f"Series under {safe(report['path'])}", show_lines=False)
         for col in (
             "series",
             "format",
@@ -96,20 +96,22 @@ def _print_inspect(report: dict[str, Any]) -> None:
             dims, sp = s["dimensions"], s["spacing_mm"]
             uid = s["series_instance_uid"]
             table.add_row(
-                uid if len(uid) <= 28 else "…" + uid[-27:],
+                safe(uid if len(uid) <= 28 else "…" + uid[-27:]),
                 s["source_format"],
                 s["modality"] or "unknown",
                 f"{dims['rows']} x {dims['columns']} x {dims['slices']}",
                 f"{sp['row']:g}, {sp['column']:g}, {sp['slice']:g}",
                 s["orientation"]["plane"],
-                s["description"],
+                safe(s["description"]),  # the file's text: shown, not applied as markup
             )
         out.print(table)
         for s in series:
             for warning in s["warnings"]:
-                out.print(f"[yellow]note[/yellow] {s['series_instance_uid']}: {warning}")
+                out.print(
+                    f"[yellow]note[/yellow] {safe(s['series_instance_uid'])}: {safe(warning)}"
+                )
     else:
-        out.print(f"[red]No usable CT/MR series under {report['path']}.[/red]")
+        out.print(f"[red]No usable CT/MR series under {safe(report['path'])}.[/red]")
     if report["rejected"]:
         out.print(f"\n[bold]{len(report['rejected'])} file(s) skipped:[/bold]")
         for r in report["rejected"]:
@@ -234,7 +236,7 @@ def main() -> None:
     try:
         app()
     except RadcaliperError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         sys.exit(EXIT_NOTHING)
 
 

@@ -15,7 +15,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.cli_store import DbOption, open_database
-from app.console import EXIT_NOTHING, EXIT_OK, cli_actor, command_line, err, out, settings_of
+from app.console import (
+    EXIT_NOTHING,
+    EXIT_OK,
+    cli_actor,
+    command_line,
+    err,
+    out,
+    safe,
+    settings_of,
+)
 from app.progress import progress_display
 
 __all__ = [
@@ -108,8 +117,8 @@ def measure(
                 )
             except ModelError as exc:
                 err.print(
-                    f"[red]not measured:[/red] series {volume.identifiers.series_instance_uid}: "
-                    f"{exc}",
+                    f"[red]not measured:[/red] series "
+                    f"{safe(volume.identifiers.series_instance_uid)}: {safe(exc)}",
                     highlight=False,
                 )
                 continue
@@ -117,7 +126,7 @@ def measure(
             if measured.stored is not None:
                 verb = "stored as" if measured.stored.created else "already stored as"
                 err.print(
-                    f"series {measured.result.series_instance_uid}: {verb} run "
+                    f"series {safe(measured.result.series_instance_uid)}: {verb} run "
                     f"{measured.stored.run_id}",
                     highlight=False,
                 )

@@ -14,7 +14,17 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from app.console import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, cli_actor, err, out, settings_of
+from app.console import (
+    EXIT_NOTHING,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    cli_actor,
+    err,
+    out,
+    printable,
+    safe,
+    settings_of,
+)
 
 __all__ = ["DbOption", "audit_app", "checked", "db_app", "open_database", "users_app"]
 
@@ -62,11 +72,11 @@ def checked(action: Callable[[], T]) -> T:
     try:
         return action()
     except StorageError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from exc
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        err.print(f"[red]error:[/red] database: {reason}", highlight=False)
+        err.print(f"[red]error:[/red] database: {safe(reason)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from exc
 
 
@@ -90,7 +100,9 @@ def _when(name: str, value: str | None) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        err.print(f"[red]error:[/red] {name} {value!r} is not a date or time (use 2026-11-23)")
+        err.print(
+            f"[red]error:[/red] {name} {safe(repr(value))} is not a date or time (use 2026-11-23)"
+        )
         raise typer.Exit(EXIT_NOTHING) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
@@ -101,8 +113,8 @@ def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]
     fmt = fmt.lower()
     if fmt == "json":  # valid JSON whatever is stored (app.report: no Infinity / NaN tokens)
         sys.stdout.write(rows_json(rows))
-    elif fmt == "csv":
-        sys.stdout.write(rows_csv(rows, columns))
+    elif fmt == "csv":  # text without control characters, which a terminal would obey
+        sys.stdout.write(rows_csv([_printable_row(row) for row in rows], columns))
     elif fmt == "table":
         table = Table(show_lines=False)
         for column in columns:
@@ -112,18 +124,28 @@ def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]
         out.print(table)
         out.print(f"{len(rows)} row(s)")
     else:
-        err.print(f"[red]error:[/red] --format {fmt!r}: use table, csv or json")
+        err.print(f"[red]error:[/red] --format {safe(repr(fmt))}: use table, csv or json")
         raise typer.Exit(EXIT_NOTHING)
 
 
+def _printable_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: printable(v) if isinstance(v, str) else v for k, v in row.items()}
+
+
 def _cell(value: Any) -> str:
+    """A table cell: stored text with its markup escaped and control characters shown as
+    escapes (``app.console.safe``), whoever wrote it into the database."""
+    return safe(_cell_text(value))
+
+
+def _cell_text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, list):
-        return ", ".join(_cell(v) for v in value)
-    return str(value)
+        return ", ".join(_cell_text(v) for v in value)
+    return printable(value)
 
 
 # --- db ------------------------------------------------------------------------------------------
@@ -141,7 +163,7 @@ def db_upgrade(
 
     url, _ = _url(ctx, db)
     checked(lambda: upgrade(url, revision, actor=cli_actor()))
-    out.print(f"{redacted(url)} is at schema {checked(lambda: current(url))}")
+    out.print(f"{safe(redacted(url))} is at schema {checked(lambda: current(url))}")
 
 
 @db_app.command("downgrade")
@@ -157,7 +179,7 @@ def db_downgrade(
     url, _ = _url(ctx, db)
     checked(lambda: downgrade(url, revision))
     now = checked(lambda: current(url))
-    out.print(f"{redacted(url)} is at schema {now or 'base (no tables)'}")
+    out.print(f"{safe(redacted(url))} is at schema {now or 'base (no tables)'}")
 
 
 @db_app.command("current")
@@ -169,7 +191,8 @@ def db_current(ctx: typer.Context, db: DbOption = None) -> None:
     url, _ = _url(ctx, db)
     revision = checked(lambda: current(url))
     out.print(
-        f"{redacted(url)}: schema {revision or 'none'}; this radcaliper needs {head_revision()}"
+        f"{safe(redacted(url))}: schema {revision or 'none'}; "
+        f"this radcaliper needs {head_revision()}"
     )
 
 
@@ -201,10 +224,10 @@ def users_add(
                     lambda: add_user(session, name, role, password=password, actor=cli_actor())
                 )
             except ValueError as exc:
-                err.print(f"[red]error:[/red] {exc}", highlight=False)
+                err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
                 raise typer.Exit(EXIT_NOTHING) from exc
             checked(session.commit)
-            out.print(f"Added {user.role.value} {user.name!r}")
+            out.print(f"Added {user.role.value} {safe(repr(user.name))}")
     finally:
         store.dispose()
 
@@ -279,7 +302,8 @@ def audit_measurements(
         checked_status = None if status is None else ReviewStatus(status)
     except ValueError:
         err.print(
-            f"[red]error:[/red] --status {status!r}: use pending, accepted, corrected or rejected"
+            f"[red]error:[/red] --status {safe(repr(status))}: use pending, accepted, corrected "
+            "or rejected"
         )
         raise typer.Exit(EXIT_NOTHING) from None
     filters = MeasurementFilter(
@@ -365,5 +389,5 @@ def audit_verify(
     if report.ok:
         out.print(f"intact: {report.events} events; head {report.head_hash}")
         raise typer.Exit(EXIT_OK)
-    err.print(f"[red]TAMPERED:[/red] {report.problem}", highlight=False)
+    err.print(f"[red]TAMPERED:[/red] {safe(report.problem)}", highlight=False)
     raise typer.Exit(EXIT_PARTIAL)

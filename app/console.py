@@ -1,12 +1,26 @@
-"""What every command shares: the output consoles, exit codes, the settings in the context and
-the acting user's name for the audit log."""
+r"""What every command shares: the output consoles, exit codes, the settings in the context,
+the acting user's name for the audit log, and how text from outside is printed safely.
+
+Text that radcaliper did not write itself (user names, audit actors and details, reasons, file
+names, DICOM descriptions, error messages quoting them) goes through :func:`safe` before it is
+put into a line or table printed with rich markup: its markup is escaped (a stored name
+``[reverse]root[/reverse]`` prints as those characters) and its control characters (ESC
+sequences, carriage returns, bell, bidirectional overrides, ...) are shown as escapes
+(``\x1b``, ``\u202e``) instead of reaching the terminal. Both consoles also replace control
+characters in whatever they render, as a second line of defence, and never turn ``:name:``
+into emoji.
+"""
 
 from __future__ import annotations
 
 import getpass
+import re
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from app.settings import Settings
 
@@ -18,11 +32,49 @@ __all__ = [
     "command_line",
     "err",
     "out",
+    "printable",
+    "safe",
     "settings_of",
 ]
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# C0 and C1 control characters, DEL, and the bidirectional formatting characters that can make
+# a terminal show text in another order than it is stored (U+061C, U+200E/F, U+202A-E, U+2066-9)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# the same without newline and tab: the consoles keep those in the text they render
+_RENDERED_CONTROLS = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(value: Any) -> str:
+    r"""``value`` as one line of plain text: control characters (newline and tab too) shown as
+    escapes (``\x1b``, ``\x0a``, ``\u202e``); None is the empty string."""
+    if value is None:
+        return ""
+    return _CONTROLS.sub(_escaped, str(value))
+
+
+def safe(value: Any) -> str:
+    """``value`` ready to go into text printed with rich markup: :func:`printable`, with its
+    markup escaped."""
+    return escape(printable(value))
+
+
+class _SafeConsole(Console):
+    """A rich console that never passes control characters of the text it renders to the
+    terminal (newline and tab excepted), whatever the caller forgot to escape."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(_RENDERED_CONTROLS.sub(_escaped, text), **kwargs)
+
+
+out = _SafeConsole(soft_wrap=True, emoji=False)
+err = _SafeConsole(stderr=True, soft_wrap=True, emoji=False)
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1

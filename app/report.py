@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from app.console import safe
+
 if TYPE_CHECKING:
     from model.measurer.evaluate import Evaluation
     from model.measurer.results import StudyResult
@@ -82,11 +84,11 @@ def print_result(console: Console, result: StudyResult) -> None:
     """A study's findings as a table, with the model named and its clinical status."""
     model = result.model
     console.print(
-        f"[bold]{model.name} {model.version}[/bold] (numbers: {model.numeric_mode})"
+        f"[bold]{safe(model.name)} {safe(model.version)}[/bold] (numbers: {model.numeric_mode})"
         + ("  [red]NOT FOR CLINICAL USE[/red]" if model.not_for_clinical_use else ""),
     )
     console.print(
-        f"study {result.study_instance_uid}  series {result.series_instance_uid}",
+        f"study {safe(result.study_instance_uid)}  series {safe(result.series_instance_uid)}",
         highlight=False,
     )
     if not result.findings:
@@ -109,7 +111,7 @@ def print_result(console: Console, result: StudyResult) -> None:
                 )
         console.print(table)
     for warning in result.warnings:
-        console.print(f"[yellow]note[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]note[/yellow] {safe(warning)}", highlight=False)
 
 
 def _mm(value: float) -> str:
