@@ -30,7 +30,10 @@ def _round(values: tuple[float, ...] | list[float], digits: int = 6) -> list[flo
     return [round(float(v), digits) + 0.0 for v in values]
 
 
-def _geometry(geometry: Geometry, rows: int, columns: int, slices: int) -> dict[str, Any]:
+def _geometry(
+    geometry: Geometry, rows: int, columns: int, slices: int, tilt: float | None
+) -> dict[str, Any]:
+    """``tilt``: the gantry tilt signed as its GantryDetectorTilt tag; None: the unsigned size."""
     return {
         "dimensions": {"rows": rows, "columns": columns, "slices": slices},
         "spacing_mm": {
@@ -45,7 +48,7 @@ def _geometry(geometry: Geometry, rows: int, columns: int, slices: int) -> dict[
             "slice_direction": _round(geometry.slice_direction),
         },
         "origin_lps_mm": _round(geometry.origin, 4),
-        "tilt_degrees": round(geometry.tilt_degrees, 3),
+        "tilt_degrees": round(geometry.tilt_degrees if tilt is None else tilt, 3) + 0.0,
     }
 
 
@@ -63,7 +66,7 @@ def describe_volume(volume: Volume) -> dict[str, Any]:
         "modality": volume.modality.value if isinstance(volume.modality, Modality) else None,
         "source_format": volume.source_format.value,
         "files": len(volume.sources),
-        **_geometry(volume.geometry, r, c, s),
+        **_geometry(volume.geometry, r, c, s, volume.gantry_tilt_degrees),
         "warnings": list(volume.warnings),
     }
 
@@ -82,7 +85,9 @@ def describe_series_ref(ref: SeriesRef) -> dict[str, Any]:
         "modality": info.modality.value,
         "source_format": "dicom",
         "files": len({s.path for s in ref.slices}),
-        **_geometry(ref.geometry, first.rows, first.columns, len(ref.slices)),
+        **_geometry(
+            ref.geometry, first.rows, first.columns, len(ref.slices), ref.gantry_tilt_degrees
+        ),
         "warnings": list(ref.warnings),
     }
 

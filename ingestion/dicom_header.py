@@ -21,10 +21,16 @@ from pydicom.datadict import keyword_for_tag
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
-from pydicom.tag import Tag
 from pydicom.uid import UID
 
 from ingestion._pydicom import quiet_pydicom
+from ingestion._stack_keys import (
+    StackKey,
+    classic_stack_key,
+    frame_stack_key,
+    gantry_tilt,
+    raw_text,
+)
 from ingestion.errors import (
     InconsistentGeometryError,
     IngestionError,
@@ -114,6 +120,8 @@ class SliceRef:
     nominal_thickness: float | None = None  # SpacingBetweenSlices or SliceThickness, if given
     spacing_between_slices: float | None = None  # SpacingBetweenSlices, if given and > 0
     header_problems: tuple[str, ...] = ()  # values present but unusable, ignored (tag and value)
+    gantry_tilt: float | None = None  # GantryDetectorTilt (degrees, signed as written), if given
+    stack_key: StackKey = ()  # what tells stacks of one series apart (ingestion._stack_keys)
 
     @property
     def normal(self) -> Vector3:
@@ -354,18 +362,6 @@ def _rescale(path: Path, item: Dataset | None, where: str) -> tuple[float, float
     return slope, intercept
 
 
-def _raw_text(item: Dataset | None, keyword: str) -> str:
-    """A text value as written ("" when absent), without pydicom converting it (a DS such as
-    'thick' raises when converted)."""
-    elem = item.get_item(Tag(keyword)) if item is not None and keyword in item else None
-    if elem is None:
-        return ""
-    value = elem.value
-    if isinstance(value, bytes):
-        return value.decode("ascii", errors="replace").strip(" \0")
-    return "" if value is None else str(value).strip()
-
-
 @dataclass(frozen=True)
 class _Stated:
     """What a header states about slice spacing: the usable values, and the unusable ones."""
@@ -385,7 +381,7 @@ def _stated(item: Dataset | None, where: str) -> _Stated:
     values: dict[str, float | None] = {}
     problems = []
     for keyword in ("SpacingBetweenSlices", "SliceThickness"):
-        raw = _raw_text(item, keyword)
+        raw = raw_text(item, keyword)
         values[keyword] = None
         if raw == "":
             continue
@@ -423,6 +419,8 @@ def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> Sli
         nominal_thickness=stated.nominal,
         spacing_between_slices=stated.spacing_between_slices,
         header_problems=stated.problems,
+        gantry_tilt=gantry_tilt(ds),
+        stack_key=classic_stack_key(ds),
     )
 
 
@@ -498,6 +496,12 @@ def _enhanced_slices(
                 nominal_thickness=stated.nominal,
                 spacing_between_slices=stated.spacing_between_slices,
                 header_problems=stated.problems,
+                gantry_tilt=gantry_tilt(_group_item(ds, i, "CTAcquisitionDetailsSequence"))
+                if "GantryDetectorTilt" not in ds
+                else gantry_tilt(ds),
+                stack_key=frame_stack_key(
+                    per_frame[i], _group_item(ds, i, "FrameContentSequence"), meas_item
+                ),
             )
         )
     return out

@@ -46,6 +46,7 @@ def load_series(ref: SeriesRef) -> Volume:
         source_format=SourceFormat.DICOM,
         sources=tuple(dict.fromkeys(s.path for s in ref.slices)),
         warnings=ref.warnings,
+        gantry_tilt_degrees=ref.gantry_tilt_degrees,
     )
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from ingestion.dicom_header import DicomObject, SeriesInfo, SliceRef, read_dicom_object
-from ingestion.errors import IngestionError, UnreadableFileError
-from ingestion.stack import SeriesRef, build_stack
+from ingestion.errors import InconsistentGeometryError, IngestionError, UnreadableFileError
+from ingestion.stack import SeriesRef, build_stack, split_by_stack_key
 
 __all__ = ["Rejected", "ScanResult", "is_nifti_path", "iter_files", "scan_files", "scan_path"]
 
@@ -213,29 +213,48 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
 
 
 def _stacks(groups: list[_Group], result: ScanResult) -> list[SeriesRef]:
-    """The stacks of one series' groups; a group that does not stack is rejected."""
-    split = len(groups) > 1
-    if split:
+    """The stacks of one series' groups (same size, orientation, pixel spacing). A group that
+    does not stack as a whole is split by stack key when that gives valid stacks
+    (``ingestion.stack``), else rejected."""
+    if len(groups) > 1:
         logger.info("series split into %d parts: %s", len(groups), _describe_split(groups))
-    out = []
-    for index, group in enumerate(groups, start=1):
-        note = (
-            f"part {index} of {len(groups)}: the series mixes image sizes, orientations "
-            "or pixel spacings and was split"
-            if split
-            else None
-        )
+    parts: list[tuple[SeriesRef, str | None]] = []  # a stack, and what told it apart
+    for group in groups:
         try:
-            stack = build_stack(group.info, group.slices, part=index if split else None)
+            parts.append((build_stack(group.info, group.slices), None))
+        except InconsistentGeometryError as exc:
+            split = split_by_stack_key(group.slices)
+            stacks = None if split is None else _each_stacks(group.info, split)
+            if stacks is None:
+                result.rejected.append(Rejected(group.slices[0].path, str(exc)))
+                continue
+            logger.info("series holds %d stacks told apart by their stack key", len(stacks))
+            parts += stacks
         except IngestionError as exc:
             result.rejected.append(Rejected(group.slices[0].path, str(exc)))
-            continue
-        if note is not None:
-            stack = SeriesRef(
-                stack.info, stack.slices, stack.geometry, stack.part, (note, *stack.warnings)
-            )
-        out.append(stack)
+    if len(parts) < 2:
+        return [stack for stack, _ in parts]
+    out = []
+    for part, (stack, said) in enumerate(parts, start=1):
+        why = (
+            "the series mixes image sizes, orientations or pixel spacings and was split"
+            if said is None
+            else f"the series holds stacks at overlapping positions, told apart by their "
+            f"headers; this one has {said}"
+        )
+        note = f"part {part} of {len(parts)}: {why}"
+        out.append(replace(stack, part=part, warnings=(note, *stack.warnings)))
     return out
+
+
+def _each_stacks(
+    info: SeriesInfo, split: list[tuple[list[SliceRef], str]]
+) -> list[tuple[SeriesRef, str | None]] | None:
+    """The stack of each group of ``split`` when every one stacks on its own, else None."""
+    try:
+        return [(build_stack(info, planes), said) for planes, said in split]
+    except IngestionError:
+        return None
 
 
 def scan_path(path: Path) -> ScanResult:

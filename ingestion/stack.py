@@ -11,9 +11,17 @@ Rules (documented in README "Ingestion rules"):
   rejected, naming the files on both sides of the gap, because measuring across a hole would
   silently distort every length that crosses it. Any other uneven gap rejects the series too.
 - A slice axis that is not perpendicular to the image plane (gantry tilt) is kept exactly (the
-  geometry is sheared) and reported as a warning.
+  geometry is sheared) and reported as a warning. The tilt's size comes from the positions; its
+  sign is the GantryDetectorTilt tag's (vendors differ in which way is positive, so no sign is
+  made up when the tag is absent or 0; the warning says so). A tag whose size disagrees with
+  the positions by more than 0.5 degrees is named in the warning.
 - A single-slice series takes its slice spacing from SpacingBetweenSlices or SliceThickness, and
   is rejected if neither is present (naming a value that is there but not > 0).
+- A series that does not stack as a whole (repeated positions, uneven gaps) but whose planes fall
+  into stacks that each do, told apart by their stack key (``ingestion._stack_keys``: e.g. two
+  slice thicknesses, magnitude and field map frames, time points), is split into those stacks,
+  each with a note naming what tells them apart; each must have at least two planes (four
+  acquisitions at one position are not four stacks). Otherwise the series is rejected.
 - Header values that contradict themselves or the positions without being needed are named
   (tag and value) in a warning and not used: a SliceThickness or SpacingBetweenSlices that is
   not a number > 0, a SpacingBetweenSlices that differs from the distance between the planes.
@@ -31,12 +39,19 @@ from ingestion.dicom_header import SeriesInfo, SliceRef
 from ingestion.errors import InconsistentGeometryError, MissingGeometryError
 from ingestion.geometry import Geometry
 
-__all__ = ["GAP_TOLERANCE_FRACTION", "GAP_TOLERANCE_MM", "SeriesRef", "build_stack"]
+__all__ = [
+    "GAP_TOLERANCE_FRACTION",
+    "GAP_TOLERANCE_MM",
+    "SeriesRef",
+    "build_stack",
+    "split_by_stack_key",
+]
 
 GAP_TOLERANCE_MM = 0.01
 GAP_TOLERANCE_FRACTION = 0.01
 DUPLICATE_POSITION_MM = 1e-3
 _TILT_WARNING_DEGREES = 0.01
+_TILT_TAG_TOLERANCE_DEGREES = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,9 @@ class SeriesRef:
     geometry: Geometry
     part: int | None = None  # 1-based part number when one SeriesInstanceUID was split
     warnings: tuple[str, ...] = ()
+    # the tilt (size from the positions) with the sign of the GantryDetectorTilt tag; None when
+    # there is no tilt or no non-zero tag to take the sign from (geometry.tilt_degrees: the size)
+    gantry_tilt_degrees: float | None = None
 
     @property
     def label(self) -> str:
@@ -57,6 +75,19 @@ class SeriesRef:
 
 def _where(ref: SliceRef) -> str:
     return str(ref.path) if ref.frame is None else f"{ref.path} frame {ref.frame + 1}"
+
+
+def _signed_tilt(tilt: float, tag: float | None) -> tuple[float | None, str]:
+    """``tilt`` (degrees, from the positions) signed as the GantryDetectorTilt ``tag``, and
+    where the sign came from (module doc)."""
+    if tag is None:
+        return None, "no GantryDetectorTilt tag: its sign is not known"
+    if tag == 0:
+        return None, "GantryDetectorTilt says 0: its sign is not known"
+    said = f"sign of GantryDetectorTilt {tag:g}"
+    if abs(abs(tag) - tilt) > _TILT_TAG_TOLERANCE_DEGREES:
+        said += f", which disagrees with the {tilt:.2f} degrees of the positions"
+    return math.copysign(tilt, tag), said
 
 
 def _stated_spacing_contradictions(
@@ -149,9 +180,13 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
     warnings += _stated_spacing_contradictions(ordered, step_mm, spacing, tol)
     direction = step / spacing
     tilt = math.degrees(math.acos(min(1.0, abs(float(direction @ normal)))))
+    signed = None
     if tilt > _TILT_WARNING_DEGREES:
+        tags = [s.gantry_tilt for s in ordered if s.gantry_tilt is not None]
+        signed, said = _signed_tilt(tilt, next((t for t in tags if t), tags[0] if tags else None))
         warnings.append(
-            f"gantry tilt of {tilt:.2f} degrees: slices are sheared; geometry kept exact"
+            f"gantry tilt of {signed if signed is not None else tilt:.2f} degrees ({said}): "
+            "slices are sheared; geometry kept exact"
         )
     geometry = Geometry(
         origin=(float(positions[0, 0]), float(positions[0, 1]), float(positions[0, 2])),
@@ -160,4 +195,23 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
         slice_direction=(float(direction[0]), float(direction[1]), float(direction[2])),
         spacing=(spacing, *first.pixel_spacing),
     )
-    return SeriesRef(info, tuple(ordered), geometry, part, tuple(warnings))
+    return SeriesRef(info, tuple(ordered), geometry, part, tuple(warnings), signed)
+
+
+def split_by_stack_key(slices: Sequence[SliceRef]) -> list[tuple[list[SliceRef], str]] | None:
+    """The planes of a series that did not stack as a whole, grouped by their stack key: each
+    group with what tells it apart (``"FrameType M"``), or None when the key does not split
+    them into groups of at least two planes (module doc)."""
+    groups: dict[tuple[tuple[str, str], ...], list[SliceRef]] = {}
+    for ref in slices:
+        groups.setdefault(ref.stack_key, []).append(ref)
+    if len(groups) < 2 or min(len(g) for g in groups.values()) < 2:
+        return None
+    keys = list(groups)
+    differing = [
+        i for i in range(len(keys[0])) if len({k[i] if i < len(k) else None for k in keys}) > 1
+    ]
+    return [
+        (group, ", ".join(f"{key[i][0]} {key[i][1] or '(none)'}" for i in differing))
+        for key, group in groups.items()
+    ]

@@ -72,6 +72,9 @@ class Volume:
         source_format: DICOM or NIfTI.
         sources: the files the voxels were read from.
         warnings: things a reader should know that did not stop loading (e.g. gantry tilt).
+        gantry_tilt_degrees: the gantry tilt with the sign of the GantryDetectorTilt tag (its
+            size from the geometry); None when there is no tilt or no tag to sign it
+            (``geometry.tilt_degrees`` is the size).
     """
 
     voxels: npt.NDArray[np.float32]
@@ -81,6 +84,7 @@ class Volume:
     source_format: SourceFormat
     sources: tuple[Path, ...]
     warnings: tuple[str, ...] = field(default=())
+    gantry_tilt_degrees: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.voxels, np.ndarray) or self.voxels.ndim != 3:

@@ -100,6 +100,41 @@ def test_gantry_tilt_is_kept_exact_and_reported(
     assert any("gantry tilt" in w for w in vol.warnings)
 
 
+@pytest.mark.parametrize(
+    ("tag", "tilt", "said"),
+    [
+        ("-15", -15.0, "sign of GantryDetectorTilt -15"),
+        ("15", 15.0, "sign of GantryDetectorTilt 15"),
+        ("-12", -15.0, "sign of GantryDetectorTilt -12, which disagrees with the 15.00 degrees"),
+        (None, 15.0, "no GantryDetectorTilt tag: its sign is not known"),
+        ("0", 15.0, "GantryDetectorTilt says 0: its sign is not known"),
+    ],
+)
+def test_gantry_tilt_is_reported_with_the_sign_of_its_tag(
+    tmp_path: Path, write_series: SeriesFactory, tag: str | None, tilt: float, said: str
+) -> None:
+    """The size comes from the positions; the sign (vendors differ in which way is positive)
+    from GantryDetectorTilt, never made up."""
+    from app.inspection import inspect_path_report
+
+    def state(ds: Dataset, i: int) -> None:
+        if tag is not None:
+            ds.GantryDetectorTilt = tag
+
+    angle = math.radians(15)
+    write_series(
+        tmp_path / "s", step=(0.0, 2.0 * math.sin(angle), 2.0 * math.cos(angle)), mutate=state
+    )
+    (volume,) = load_path(tmp_path / "s").volumes
+    assert volume.geometry.tilt_degrees == pytest.approx(15.0, abs=1e-3)  # the geometry's size
+    assert (volume.gantry_tilt_degrees is None) == (tag in (None, "0"))
+    warning = next(w for w in volume.warnings if "gantry tilt" in w)
+    assert warning.startswith(f"gantry tilt of {tilt:.2f} degrees ({said}")
+    for read_pixels in (True, False):
+        (series,) = inspect_path_report(tmp_path / "s", read_pixels=read_pixels)["series"]
+        assert series["tilt_degrees"] == pytest.approx(tilt, abs=1e-3)
+
+
 def test_rescale_slope_and_intercept_give_hu(tmp_path: Path, write_series: SeriesFactory) -> None:
     written = write_series(tmp_path / "s", slope=0.5, intercept=-1000.0)
     assert_volume_matches(tmp_path / "s", written)
@@ -189,6 +224,53 @@ def test_each_extra_copy_of_an_image_gets_one_entry(
         assert len(result.rejected) == 2, [r.reason for r in result.rejected]
         assert all("duplicate of" in r.reason for r in result.rejected)
         assert len({r.path for r in result.rejected}) == 2
+
+
+def test_two_reconstructions_in_one_series_are_two_stacks(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    """One SeriesInstanceUID holding a 2.5 mm and a 5 mm reconstruction of the same range: the
+    positions repeat, so the series does not stack as a whole; split by SliceThickness, each
+    reconstruction is a valid stack of its own."""
+    thin = write_series(tmp_path / "s" / "thin", n=10, gap=2.5, rows=6, cols=6)
+    thick = write_series(
+        tmp_path / "s" / "thick",
+        n=5,
+        gap=5.0,
+        rows=6,
+        cols=6,
+        study_uid=thin.study_uid,
+        series_uid=thin.series_uid,
+        seed=1,
+    )
+    result = load_path(tmp_path / "s")
+    assert result.rejected == []
+    by_slices = {v.shape[0]: v for v in result.volumes}
+    assert sorted(by_slices) == [5, 10]
+    assert by_slices[10].geometry.slice_spacing == pytest.approx(2.5)
+    assert by_slices[5].geometry.slice_spacing == pytest.approx(5.0)
+    np.testing.assert_array_equal(by_slices[10].voxels, thin.hu)
+    np.testing.assert_array_equal(by_slices[5].voxels, thick.hu)
+    for volume, thickness in ((by_slices[10], "2.5"), (by_slices[5], "5")):
+        note = volume.warnings[0]
+        assert note.startswith("part ") and f"this one has SliceThickness {thickness}" in note
+
+
+def test_images_at_one_position_that_nothing_tells_apart_stay_refused(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    """Bolus-tracking monitoring: four acquisitions at one table position, the same
+    reconstruction. Not four stacks: the series is refused (duplicated position)."""
+
+    def one_place(ds: Dataset, i: int) -> None:
+        ds.ImagePositionPatient = ["0", "0", "61.5"]
+        ds.AcquisitionNumber = i + 1
+
+    write_series(tmp_path / "s", n=4, mutate=one_place)
+    result = load_path(tmp_path / "s")
+    assert result.volumes == []
+    (rejected,) = result.rejected
+    assert "duplicated slice position" in rejected.reason
 
 
 def test_series_mixing_orientations_is_split(tmp_path: Path, write_series: SeriesFactory) -> None:
