@@ -21,6 +21,7 @@ from pydicom.datadict import keyword_for_tag
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
+from pydicom.tag import Tag
 from pydicom.uid import UID
 
 from ingestion._pydicom import quiet_pydicom
@@ -90,6 +91,8 @@ class SeriesInfo:
     series_number: int | None
     series_description: str
     patient_name: str | None = None  # PatientName as text (``Family^Given``)
+    # values read with a character set the file does not declare (names the tag, never the value)
+    text_warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -276,16 +279,42 @@ def _info(path: Path, ds: Dataset, modality: Modality) -> SeriesInfo:
     if study is None or series is None:
         missing = "StudyInstanceUID" if study is None else "SeriesInstanceUID"
         raise UnsupportedObjectError(f"{path}: missing {missing}; the image cannot be grouped")
+    warnings: list[str] = []
     return SeriesInfo(
         study_instance_uid=study,
         series_instance_uid=series,
         modality=modality,
-        patient_id=_text(ds, "PatientID"),
+        patient_id=_undeclared_text(ds, "PatientID", warnings),
         study_date=_text(ds, "StudyDate"),
         series_number=_int(ds, "SeriesNumber"),
-        series_description=_text(ds, "SeriesDescription") or "",
-        patient_name=_text(ds, "PatientName"),
+        series_description=_undeclared_text(ds, "SeriesDescription", warnings) or "",
+        patient_name=_undeclared_text(ds, "PatientName", warnings),
+        text_warnings=tuple(warnings),
     )
+
+
+def _undeclared_text(ds: Dataset, keyword: str, warnings: list[str]) -> str | None:
+    """A text value, decoded as the file declares (SpecificCharacterSet, through pydicom).
+
+    A file that declares no character set is in the default repertoire (ASCII, DICOM PS3.5
+    6.1.2.2). When such a value holds other bytes anyway, it is read as UTF-8 if the bytes are
+    valid UTF-8 (what most systems that leave the tag out write), else as ISO 8859-1 (Latin-1,
+    which every byte string is), and a warning naming the tag (never the value) is added to
+    ``warnings``: the text is a guess, never silent mojibake.
+    """
+    elem = ds.get_item(Tag(keyword)) if keyword in ds else None
+    raw = elem.value if elem is not None else None
+    if "SpecificCharacterSet" in ds or not isinstance(raw, bytes) or raw.isascii():
+        return _text(ds, keyword)
+    try:
+        text, read_as = raw.decode("utf-8"), "UTF-8"
+    except UnicodeDecodeError:
+        text, read_as = raw.decode("latin-1"), "ISO 8859-1 (Latin-1)"
+    warnings.append(
+        f"{keyword} holds non-ASCII bytes but the file declares no SpecificCharacterSet (the "
+        f"default repertoire is ASCII); read as {read_as}: check it against the source"
+    )
+    return text.strip(" \0") or None
 
 
 def _orientation(path: Path, value: Any, where: str) -> tuple[Vector3, Vector3]:

@@ -28,6 +28,8 @@ def load_series(ref: SeriesRef) -> Volume:
     voxels = read_stack_voxels(ref.slices)
     info = ref.info
     series_uid = info.series_instance_uid
+    for warning in info.text_warnings:  # names the tag, never the value (no identifiers)
+        logger.warning("series %s: %s", series_uid, warning)
     return Volume(
         voxels=voxels,
         geometry=ref.geometry,

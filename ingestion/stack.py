@@ -118,7 +118,7 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
     normal = np.asarray(first.normal)
     normal = normal / np.linalg.norm(normal)
     problems = tuple(dict.fromkeys(p for s in slices for p in s.header_problems))
-    warnings = [f"{p}: ignored" for p in problems]
+    warnings = [*info.text_warnings, *(f"{p}: ignored" for p in problems)]
     if len(slices) == 1:
         if first.nominal_thickness is None:
             stated = "; ".join(problems) or "neither SpacingBetweenSlices nor SliceThickness"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -509,3 +511,66 @@ def test_mr_without_rescale_keeps_stored_values(
     vol = load_path(tmp_path / "s").volumes[0]
     assert vol.modality is Modality.MR
     np.testing.assert_array_equal(vol.voxels, written.hu)
+
+
+def _raw_text_elements(values: dict[str, tuple[str, bytes]]) -> Callable[[Dataset, int], None]:
+    """A mutate that writes text values as raw bytes, as an exporter did (no SpecificCharacterSet
+    unless given)."""
+    from pydicom.dataelem import RawDataElement
+    from pydicom.tag import Tag
+
+    def write(ds: Dataset, i: int) -> None:
+        for keyword, (vr, raw) in values.items():
+            raw = raw + b" " * (len(raw) % 2)
+            ds[Tag(keyword)] = RawDataElement(Tag(keyword), vr, len(raw), raw, 0, False, True)
+
+    return write
+
+
+@pytest.mark.parametrize(
+    ("encoding", "read_as"), [("utf-8", "UTF-8"), ("latin-1", "ISO 8859-1 (Latin-1)")]
+)
+def test_undeclared_non_ascii_text_is_decoded_and_warned_about(
+    tmp_path: Path,
+    write_series: SeriesFactory,
+    caplog: pytest.LogCaptureFixture,
+    encoding: str,
+    read_as: str,
+) -> None:
+    """No SpecificCharacterSet (default repertoire: ASCII) but non-ASCII bytes: UTF-8 when they
+    are valid UTF-8, else Latin-1, with a warning naming each tag and never the value (pydicom
+    alone gave 'PAT-Ã\x9cnÃ¯cÃ¶dÃ©' silently)."""
+    patient_id = "PAT-Ünïcödé-日本" if encoding == "utf-8" else "PAT-Ünïcödé"
+    values = {
+        "PatientID": ("LO", patient_id.encode(encoding)),
+        "PatientName": ("PN", "Müller^Jürgen".encode(encoding)),
+        "SeriesDescription": ("LO", b"Thorax nativ"),  # ASCII: nothing to say
+    }
+    write_series(tmp_path / "s", n=3, mutate=_raw_text_elements(values))
+    with caplog.at_level(logging.WARNING, logger="ingestion"):
+        (volume,) = load_path(tmp_path / "s").volumes
+    ids = volume.identifiers
+    assert (ids.patient_id, ids.patient_name) == (patient_id, "Müller^Jürgen")
+    assert ids.series_description == "Thorax nativ"
+    said = [w for w in volume.warnings if "SpecificCharacterSet" in w]
+    assert [w.split()[0] for w in said] == ["PatientID", "PatientName"]
+    assert all(f"read as {read_as}" in w for w in said)
+    logged = [r.getMessage() for r in caplog.records if "SpecificCharacterSet" in r.getMessage()]
+    assert len(logged) == 2
+    for text in (*said, *logged):
+        assert "Ünïcödé" not in text and "Müller" not in text and "PAT-" not in text
+
+
+def test_declared_character_sets_are_read_without_a_warning(
+    tmp_path: Path, write_series: SeriesFactory
+) -> None:
+    values = {
+        "SpecificCharacterSet": ("CS", b"ISO_IR 192"),
+        "PatientID": ("LO", "PAT-Ünïcödé-日本".encode()),
+        "PatientName": ("PN", "Müller^Jürgen".encode()),
+    }
+    write_series(tmp_path / "s", n=3, mutate=_raw_text_elements(values))
+    (volume,) = load_path(tmp_path / "s").volumes
+    assert volume.identifiers.patient_id == "PAT-Ünïcödé-日本"
+    assert volume.identifiers.patient_name == "Müller^Jürgen"
+    assert not any("SpecificCharacterSet" in w for w in volume.warnings)
