@@ -115,13 +115,15 @@ def inspect_scan(
     else:
         series = [describe_series_ref(ref) for ref in scanned.series]
         from ingestion import load_nifti
-        from ingestion.errors import IngestionError
+        from ingestion.errors import IngestionError, UnreadableFileError
 
         for nifti in scanned.nifti:
             try:
                 series.append(describe_volume(load_nifti(nifti, modality=nifti_modality)))
-            except (IngestionError, OSError) as exc:
+            except IngestionError as exc:
                 rejected.append(Rejected(nifti, str(exc)))
+            except OSError as exc:
+                rejected.append(Rejected(nifti, str(UnreadableFileError.from_os_error(nifti, exc))))
     return {"path": str(path), "series": series, "rejected": _rejected(rejected)}
 
 

@@ -17,21 +17,20 @@ from typing import Any
 
 import numpy as np
 import pydicom
-from pydicom.datadict import keyword_for_tag
-from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
-from pydicom.tag import Tag
 from pydicom.uid import UID
 
-from ingestion._pydicom import quiet_pydicom
-from ingestion._stack_keys import (
+from ingestion._header_values import (
     StackKey,
     classic_stack_key,
     frame_stack_key,
     gantry_tilt,
-    raw_text,
+    stated_spacing,
+    undeclared_text,
 )
+from ingestion._pydicom import quiet_pydicom
+from ingestion._truncation import cut_inside, revealed_sop, truncation_error
 from ingestion.errors import (
     InconsistentGeometryError,
     IngestionError,
@@ -184,34 +183,6 @@ def _read_header(path: Path) -> Dataset:
     return ds
 
 
-def _cut_inside(path: Path, ds: Dataset) -> tuple[str, int, int] | None:
-    """``(element, bytes it needs, bytes the file holds)`` when the file ends inside an element
-    (its file meta group, or the last element read, which holds the rest of the file); None
-    for a file that ends where its last element does.
-
-    A cut at an element boundary cannot be told from a shorter header (it is found later by
-    what is missing); a cut inside one can, and must be: pydicom keeps the value it could read,
-    e.g. a UID ``1.2.840.10008.`` that would otherwise pass for an odd SOP class.
-    """
-    size = path.stat().st_size
-    meta = getattr(ds, "file_meta", None)
-    group_length = meta.get("FileMetaInformationGroupLength") if meta is not None else None
-    if isinstance(group_length, int) and ds.preamble is not None:
-        end = 132 + 12 + group_length  # preamble, 'DICM', the group length element, the group
-        if end > size:
-            return ("the file meta information", end - 132, size - 132)
-    tags = list(ds.keys())
-    if not tags:
-        return None
-    elem = ds.get_item(max(tags), keep_deferred=True)
-    if not isinstance(elem, RawDataElement) or elem.length == 0xFFFFFFFF:
-        return None  # read as a whole (a sequence of undefined length) or already parsed
-    name = keyword_for_tag(elem.tag) or str(elem.tag)
-    # a deferred value's bytes were not read yet: the file size says how many there are
-    have = max(0, size - elem.value_tell) if elem.value is None else len(elem.value)
-    return (name, elem.length, have) if have < elem.length else None
-
-
 def _text(ds: Dataset, keyword: str) -> str | None:
     value = ds.get(keyword)
     if value is None or value == "":
@@ -284,37 +255,13 @@ def _info(path: Path, ds: Dataset, modality: Modality) -> SeriesInfo:
         study_instance_uid=study,
         series_instance_uid=series,
         modality=modality,
-        patient_id=_undeclared_text(ds, "PatientID", warnings),
+        patient_id=undeclared_text(ds, "PatientID", warnings),
         study_date=_text(ds, "StudyDate"),
         series_number=_int(ds, "SeriesNumber"),
-        series_description=_undeclared_text(ds, "SeriesDescription", warnings) or "",
-        patient_name=_undeclared_text(ds, "PatientName", warnings),
+        series_description=undeclared_text(ds, "SeriesDescription", warnings) or "",
+        patient_name=undeclared_text(ds, "PatientName", warnings),
         text_warnings=tuple(warnings),
     )
-
-
-def _undeclared_text(ds: Dataset, keyword: str, warnings: list[str]) -> str | None:
-    """A text value, decoded as the file declares (SpecificCharacterSet, through pydicom).
-
-    A file that declares no character set is in the default repertoire (ASCII, DICOM PS3.5
-    6.1.2.2). When such a value holds other bytes anyway, it is read as UTF-8 if the bytes are
-    valid UTF-8 (what most systems that leave the tag out write), else as ISO 8859-1 (Latin-1,
-    which every byte string is), and a warning naming the tag (never the value) is added to
-    ``warnings``: the text is a guess, never silent mojibake.
-    """
-    elem = ds.get_item(Tag(keyword)) if keyword in ds else None
-    raw = elem.value if elem is not None else None
-    if "SpecificCharacterSet" in ds or not isinstance(raw, bytes) or raw.isascii():
-        return _text(ds, keyword)
-    try:
-        text, read_as = raw.decode("utf-8"), "UTF-8"
-    except UnicodeDecodeError:
-        text, read_as = raw.decode("latin-1"), "ISO 8859-1 (Latin-1)"
-    warnings.append(
-        f"{keyword} holds non-ASCII bytes but the file declares no SpecificCharacterSet (the "
-        f"default repertoire is ASCII); read as {read_as}: check it against the source"
-    )
-    return text.strip(" \0") or None
 
 
 def _orientation(path: Path, value: Any, where: str) -> tuple[Vector3, Vector3]:
@@ -391,47 +338,12 @@ def _rescale(path: Path, item: Dataset | None, where: str) -> tuple[float, float
     return slope, intercept
 
 
-@dataclass(frozen=True)
-class _Stated:
-    """What a header states about slice spacing: the usable values, and the unusable ones."""
-
-    spacing_between_slices: float | None
-    thickness: float | None
-    problems: tuple[str, ...]
-
-    @property
-    def nominal(self) -> float | None:
-        return self.spacing_between_slices or self.thickness
-
-
-def _stated(item: Dataset | None, where: str) -> _Stated:
-    """SpacingBetweenSlices and SliceThickness; a value that is not a number > 0 mm is left
-    out and named (tag and value) in ``problems``."""
-    values: dict[str, float | None] = {}
-    problems = []
-    for keyword in ("SpacingBetweenSlices", "SliceThickness"):
-        raw = raw_text(item, keyword)
-        values[keyword] = None
-        if raw == "":
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            problems.append(f"{keyword}{where} is {str(raw)!r}, not a number")
-            continue
-        if not math.isfinite(value) or value <= 0:
-            problems.append(f"{keyword}{where} is {value:g} mm; a slice spacing must be > 0")
-            continue
-        values[keyword] = value
-    return _Stated(values["SpacingBetweenSlices"], values["SliceThickness"], tuple(problems))
-
-
 def _classic_slice(path: Path, ds: Dataset, native: PixelLocation | None) -> SliceRef:
     position = _floats(path, _require(path, ds, "ImagePositionPatient"), "ImagePositionPatient", 3)
     row_dir, col_dir = _orientation(path, _require(path, ds, "ImageOrientationPatient"), "")
     spacing = _spacing(path, _require(path, ds, "PixelSpacing"), "")
     slope, intercept = _rescale(path, ds, "") or (1.0, 0.0)
-    stated = _stated(ds, "")
+    stated = stated_spacing(ds, "")
     return SliceRef(
         path=path,
         frame=None,
@@ -502,7 +414,7 @@ def _enhanced_slices(
         spacing = _spacing(path, _require(path, meas_item, "PixelSpacing", where), where)
         rescale = _rescale(path, _group_item(ds, i, "PixelValueTransformationSequence"), where)
         slope, intercept = rescale or _rescale(path, ds, "") or (1.0, 0.0)
-        stated = _stated(meas_item, " (PixelMeasuresSequence)")
+        stated = stated_spacing(meas_item, " (PixelMeasuresSequence)")
         frame_native = (
             None
             if native is None
@@ -560,44 +472,19 @@ def dicom_object_from_dataset(path: Path, ds: Dataset) -> DicomObject:
     """
     with quiet_pydicom(str(path)):
         try:
-            cut = _cut_inside(path, ds)
+            cut = cut_inside(path, ds)
         except OSError as exc:
             raise UnreadableFileError.from_os_error(path, exc) from exc
         try:
             if cut is not None:
-                _truncated(path, ds, *cut)
+                raise truncation_error(path, ds, cut)
             return _dicom_object(path, ds)
         except UnsupportedObjectError:
             raise
         except IngestionError as exc:
             if exc.sop_instance_uid is None:
-                exc.sop_instance_uid = _damaged_sop(ds, None if cut is None else cut[0])
+                exc.sop_instance_uid = revealed_sop(ds, cut)
             raise
-
-
-def _damaged_sop(ds: Dataset, cut_inside: str | None) -> str | None:
-    """The SOPInstanceUID a damaged file still reveals (module rule), or None."""
-    if cut_inside == "the file meta information":
-        return None
-    if cut_inside != "SOPInstanceUID" and (sop := _text(ds, "SOPInstanceUID")):
-        return sop
-    meta = getattr(ds, "file_meta", None)
-    return _text(meta, "MediaStorageSOPInstanceUID") if meta is not None else None
-
-
-def _truncated(path: Path, ds: Dataset, element: str, need: int, have: int) -> None:
-    series = _text(ds, "SeriesInstanceUID") if element != "SeriesInstanceUID" else None
-    if element == "PixelData":
-        raise PixelDataError(
-            f"{path}: truncated pixel data: the file holds {have} of its {need} bytes; "
-            "re-export it from the source",
-            series_instance_uid=series,
-        )
-    raise NotDicomError(
-        f"{path}: truncated DICOM header: the file ends inside {element} ({have} of "
-        f"{need} bytes); re-export it from the source",
-        series_instance_uid=series,
-    )
 
 
 def _dicom_object(path: Path, ds: Dataset) -> DicomObject:
