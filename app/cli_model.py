@@ -529,12 +529,24 @@ def serve(
             "database only).",
         ),
     ] = None,
+    secure_cookies: Annotated[
+        bool | None,
+        typer.Option(
+            "--secure-cookies/--no-secure-cookies",
+            help="Send the session cookie over HTTPS only: turn on behind an HTTPS proxy "
+            "(default: RADCALIPER_SECURE_COOKIES, else off).",
+        ),
+    ] = None,
 ) -> None:
     """Start the review UI: log in, worklist, study view with overlays, reviews, upload, audit.
 
     On the first start with the default database it measures three phantom studies with the demo
     model and creates the demo users reviewer, auditor and admin, printing their passwords once
     (also in DATA_DIR/demo-users.txt). Stop it with Ctrl-C.
+
+    Failed logins lock a user name (10 within 15 minutes) or an address (30) for 15 minutes
+    (RADCALIPER_LOGIN_* settings); the UI's temporary files are kept in DATA_DIR/ui-temp
+    (owner-only, emptied when the server stops).
     """
     import uvicorn
 
@@ -554,6 +566,7 @@ def serve(
         nifti_modality=Modality(settings.nifti_modality) if settings.nifti_modality else None,
         upload_dir=settings.data_dir / "uploads",
         pseudonym_key=settings.pseudonym_key,
+        temp_dir=settings.data_dir / "ui-temp",
     )
     if demo if demo is not None else db is None and settings.default_database:
         with steps_display("preparing the demo") as status:
@@ -566,7 +579,13 @@ def serve(
             out.print(f"demo user [bold]{name}[/bold] password: {password}")
     out.print(f"radcaliper review UI on http://{host}:{port}/ (the app is at {APP_PATH}/)")
     uvicorn.run(
-        create_app(context, session_minutes=session_minutes),
+        create_app(
+            context,
+            session_minutes=session_minutes,
+            login_limits=settings.login_limits,
+            secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
+            trusted_origins=settings.trusted_origins,
+        ),
         host=host,
         port=port,
         log_level="warning",

@@ -10,6 +10,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
+    from app.ui.throttle import LoginLimits
     from db.review import CorrectionLimits
 
 __all__ = ["Settings"]
@@ -93,4 +94,51 @@ class Settings(BaseSettings):
             long_axis_mm=self.max_long_axis_mm,
             short_axis_mm=self.max_short_axis_mm,
             diameter_mm=self.max_diameter_mm,
+        )
+
+    # --- the review UI's web server (radcaliper serve; app.ui.server, app.ui.throttle) ----------
+    login_max_failures: int = Field(
+        default=10,
+        ge=0,
+        description="Failed logins of one user name within login_window_minutes that lock it "
+        "for login_lockout_minutes (0: no limit).",
+    )
+    login_address_max_failures: int = Field(
+        default=30,
+        ge=0,
+        description="Failed logins from one client address within login_window_minutes that "
+        "lock it for login_lockout_minutes (0: no limit).",
+    )
+    login_window_minutes: float = Field(
+        default=15.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a failed login counts towards a lock.",
+    )
+    login_lockout_minutes: float = Field(
+        default=15.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a locked user name or address may not log in.",
+    )
+    secure_cookies: bool = Field(
+        default=False,
+        description="Send the session cookie over HTTPS only (turn on behind an HTTPS proxy).",
+    )
+    trusted_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (https://host[:port]) besides the server's own Host whose pages "
+        "may send state-changing requests, as JSON: '[\"https://radcaliper.example.org\"]'.",
+    )
+
+    @property
+    def login_limits(self) -> LoginLimits:
+        """The ``login_*`` settings as the UI's :class:`~app.ui.throttle.LoginLimits`."""
+        from app.ui.throttle import LoginLimits
+
+        return LoginLimits(
+            user_failures=self.login_max_failures,
+            address_failures=self.login_address_max_failures,
+            window_s=self.login_window_minutes * 60.0,
+            lockout_s=self.login_lockout_minutes * 60.0,
         )

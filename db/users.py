@@ -1,16 +1,20 @@
 """Users (reviewer, auditor, admin) and their passwords (scrypt, a memory-hard KDF).
 
 Hash format: ``scrypt$<n>$<r>$<p>$<salt b64>$<key b64>`` with a 16-byte random salt and a 32-byte
-key; verification is constant-time. Adding a user is an audit event.
+key; verification is constant-time, and checking a password for a user without one (or an
+unknown user: pass None) costs the same scrypt work as a wrong password, so the time of a login
+answer does not tell whether the user exists. Adding a user is an audit event.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import os
 import re
+import secrets
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -39,13 +43,25 @@ def hash_password(password: str) -> str:
 
 
 def verify_password(stored: str | None, password: str) -> bool:
-    """True when ``password`` matches ``stored`` (False for a user without a password)."""
-    if not stored:
+    """True when ``password`` matches ``stored``.
+
+    False for a user without a password (``stored`` None: pass None for an unknown or inactive
+    user too) or with an unreadable hash, after the same scrypt work on a dummy hash: every
+    answer takes as long as a wrong password's.
+    """
+    matched = _scrypt_matches(stored, password) if stored else None
+    if matched is None:
+        _scrypt_matches(_dummy_hash(), password)
         return False
+    return matched
+
+
+def _scrypt_matches(stored: str, password: str) -> bool | None:
+    """Whether ``password`` matches the scrypt hash ``stored``; None when it is not one."""
     try:
         scheme, n, r, p, salt, key = stored.split("$")
         if scheme != "scrypt":
-            return False
+            return None
         expected = base64.b64decode(key)
         actual = hashlib.scrypt(
             password.encode(),
@@ -56,8 +72,15 @@ def verify_password(stored: str | None, password: str) -> bool:
             dklen=len(expected),
         )
     except (ValueError, TypeError):
-        return False
+        return None
     return hmac.compare_digest(actual, expected)
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """The hash of a random password nobody knows, with today's scrypt parameters (made once,
+    on first use: nothing heavy at import)."""
+    return hash_password(secrets.token_urlsafe(24))
 
 
 def get_user(session: Session, name: str) -> User | None:

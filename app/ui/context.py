@@ -27,6 +27,8 @@ class UiContext:
     upload_dir: Path
     pseudonym_key: str | None = None
     max_upload_bytes: int = 2 * 1024**3
+    # the UI's private temporary folder (app.ui.tempfiles); the server sets it when built
+    temp_dir: Path | None = None
     _measurer: Any = field(default=None, repr=False)
     _volumes: OrderedDict[tuple[str, str], Volume] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -13,7 +13,6 @@ import functools
 import io
 import json
 import logging
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Any, TypeVar, cast
 import gradio as gr
 
 from app.ui.context import UiContext
+from app.ui.escaping import markdown_text
 from app.ui.render import WINDOWS, Overlay, index_of, render_slice
+from app.ui.tempfiles import private_export
 from db.models import ReviewAction, Role
 from ingestion.errors import RadcaliperError
 
@@ -207,7 +208,8 @@ def _open_study(
         _image(context, study, first, preset, level, width, zoom, None),
         _table(study),
         gr.update(choices=measurement_ids, value=measurement_ids[0] if measurement_ids else None),
-        f"**{study_uid}** — {banner}; logged in as {user.name} ({user.role.value})",
+        f"**{markdown_text(study_uid)}** — {markdown_text(banner)}; logged in as "
+        f"{markdown_text(user.name)} ({user.role.value})",
     )
 
 
@@ -400,8 +402,8 @@ def _audit(
     writer.writeheader()
     for r in rows:
         writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
-    path = Path(tempfile.mkdtemp(prefix="radcaliper-audit-")) / "measurements.csv"
-    path.write_text(buffer.getvalue())
+    # owner-only, in the UI's private folder, which Gradio serves it from and sweeps
+    path = private_export(context.temp_dir, "measurements.csv", buffer.getvalue())
     figure, summary = agreement_figure(rows)
     return table, str(path), figure, summary
 
@@ -414,7 +416,7 @@ def _roles(context: UiContext, request: gr.Request) -> Any:
     reviewer = user.role in REVIEWERS
     auditor = user.role in AUDITORS
     return (
-        f"Logged in as **{user.name}** ({user.role.value}) — [log out](/logout)",
+        f"Logged in as **{markdown_text(user.name)}** ({user.role.value})",
         gr.update(visible=reviewer),
         gr.update(visible=reviewer),
         gr.update(visible=auditor),
@@ -425,7 +427,11 @@ def build_blocks(context: UiContext) -> gr.Blocks:
     """The whole UI; mounted behind the login by ``app.ui.server``."""
     with gr.Blocks(title="radcaliper review") as blocks:
         gr.Markdown(DEMO_BANNER)
-        who = gr.Markdown()
+        with gr.Row(equal_height=True):
+            who = gr.Markdown()
+            # a link in this tab (Markdown links open a new one): the server ends the session
+            # for every tab, whose next action then says so
+            gr.Button("Log out", link="/logout", size="sm", scale=0, elem_id="logout")
         study_state = gr.State(None)
         with gr.Tabs() as tabs:
             with gr.Tab("Worklist", id="worklist"):

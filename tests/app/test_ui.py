@@ -294,3 +294,30 @@ def test_an_auditor_cannot_change_a_measurement(server: Running, browser: object
     assert "event: error" in stream and "auditor" in stream
     with server.store.reader() as session:
         assert len(session.execute(select(Review)).scalars().all()) == before
+
+
+def test_logging_out_ends_the_session_in_every_tab(server: Running, browser: object) -> None:
+    page = _login(browser, server.url, "alice", PASSWORD)
+    page.wait_for_url("**/app/**")  # type: ignore[attr-defined]
+    page.get_by_text("Logged in as").wait_for(timeout=30000)  # type: ignore[attr-defined]
+    tabs = page.context  # type: ignore[attr-defined]
+    other = tabs.new_page()  # a second tab of the same browser: the same session cookie
+    other.goto(f"{server.url}/app/")
+    other.get_by_text("Logged in as").wait_for(timeout=30000)
+    other.get_by_role("link", name="Log out").click()
+    other.wait_for_url("**/login")
+    assert len(tabs.pages) == 2  # logging out opened no new tab
+    # the first tab's next action is refused, and the tab says why, on the login page
+    page.get_by_role("button", name="Refresh").click()  # type: ignore[attr-defined]
+    page.wait_for_url("**/login?error=ended")  # type: ignore[attr-defined]
+    page.get_by_text("Your session ended, log in again.").wait_for(timeout=30000)  # type: ignore[attr-defined]
+    assert len(tabs.pages) == 2
+    with server.store.reader() as session:
+        actions = (
+            session.execute(
+                select(AuditEvent.action).where(AuditEvent.actor == "alice").order_by(AuditEvent.id)
+            )
+            .scalars()
+            .all()
+        )
+    assert actions[-1] == "logout"
