@@ -342,3 +342,33 @@ def _log_in_cookie(client: TestClient) -> str:
     answer = client.post("/login", data={"username": "alice", "password": PASSWORD})
     assert answer.status_code == 303
     return str(answer.headers["set-cookie"])
+
+
+def test_the_private_folder_is_swept_and_refuses_links(tmp_path: Path) -> None:
+    from app.ui.tempfiles import PrivateFolder
+    from ingestion.errors import ConfigurationError
+
+    folder = PrivateFolder(tmp_path / "ui-temp")
+    root = folder.prepare()
+    old_dir, new_dir = root / "old", root / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    (old_dir / "slice.png").write_bytes(b"x")
+    (new_dir / "slice.png").write_bytes(b"y")
+    an_hour_ago = time.time() - 3600
+    os.utime(old_dir / "slice.png", (an_hour_ago, an_hour_ago))
+    assert folder.sweep(max_age_s=1800) == 1
+    assert not (old_dir / "slice.png").exists() and (new_dir / "slice.png").exists()
+    os.utime(old_dir, (an_hour_ago, an_hour_ago))  # emptied long ago: the folder goes too
+    folder.sweep(max_age_s=1800)
+    assert not old_dir.exists() and new_dir.exists()
+    folder.close()
+    assert root.is_dir() and list(root.iterdir()) == []  # a configured folder stays, empty
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(ConfigurationError, match="link"):
+        PrivateFolder(link).prepare()
+    own = PrivateFolder()  # none configured: a fresh 0700 folder, removed when closed
+    assert stat.S_IMODE(own.prepare().stat().st_mode) == 0o700
+    own.close()
+    assert not own.path.exists()
