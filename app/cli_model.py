@@ -566,6 +566,7 @@ def serve(
         nifti_modality=Modality(settings.nifti_modality) if settings.nifti_modality else None,
         upload_dir=settings.data_dir / "uploads",
         pseudonym_key=settings.pseudonym_key,
+        correction_limits=settings.correction_limits,
         temp_dir=settings.data_dir / "ui-temp",
     )
     if demo if demo is not None else db is None and settings.default_database:

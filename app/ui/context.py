@@ -11,6 +11,7 @@ from typing import Any
 
 from db.engine import Store
 from db.models import Role, User
+from db.review import CorrectionLimits
 from ingestion.errors import AccessDeniedError, ModelError
 from ingestion.volume import Modality, Volume
 
@@ -27,6 +28,7 @@ class UiContext:
     upload_dir: Path
     pseudonym_key: str | None = None
     max_upload_bytes: int = 2 * 1024**3
+    correction_limits: CorrectionLimits = field(default_factory=CorrectionLimits)
     # the UI's private temporary folder (app.ui.tempfiles); the server sets it when built
     temp_dir: Path | None = None
     _measurer: Any = field(default=None, repr=False)

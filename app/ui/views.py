@@ -8,11 +8,9 @@ query the audit log. Refusals and bad input reach the browser as ``gr.Error`` me
 
 # No ``from __future__ import annotations`` here: Gradio reads the handlers' annotations to
 # inject ``gr.Request``, ``gr.SelectData`` and ``gr.Progress``, and needs them evaluated.
-import csv
 import functools
-import io
-import json
 import logging
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,12 +18,13 @@ from typing import Any, TypeVar, cast
 
 import gradio as gr
 
+from app.report import exportable, rows_csv
 from app.ui.context import UiContext
 from app.ui.escaping import markdown_text
 from app.ui.render import WINDOWS, Overlay, index_of, render_slice
 from app.ui.tempfiles import private_export
 from db.models import ReviewAction, Role
-from ingestion.errors import RadcaliperError
+from ingestion.errors import RadcaliperError, StaleEditError
 
 __all__ = ["build_blocks"]
 
@@ -117,15 +116,29 @@ def _study_state(context: UiContext, study_uid: str) -> dict[str, Any]:
     return study
 
 
+def _mm(value: float | None) -> str:
+    """A stored value for the tables, with one decimal. Any value shows, even one the checks
+    would refuse today (1e308, inf, NaN from an old or edited database): never a failed query."""
+    if value is None:
+        return ""
+    if not math.isfinite(value):
+        return str(exportable(value))
+    return f"{value:.1f}" if abs(value) < 1e6 else f"{value:g}"
+
+
+def _span(range_mm: Any) -> str:
+    return "" if range_mm is None else f"{_mm(range_mm[0])}-{_mm(range_mm[1])}"
+
+
 def _table(study: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for finding in study["findings"]:
         for m in finding["measurements"]:
-            value = "not measurable" if m["value_mm"] is None else f"{m['value_mm']:.1f}"
+            value = "not measurable" if m["value_mm"] is None else _mm(m["value_mm"])
             shown = m["reviewed_value_mm"]
             if shown is not None:
-                value += f" -> {shown:.1f}"
-            span = "" if m["range_mm"] is None else f"{m['range_mm'][0]:.1f}-{m['range_mm'][1]:.1f}"
+                value += f" -> {_mm(shown)}"
+            span = _span(m["range_mm"])
             rows.append(
                 [
                     m["id"],
@@ -223,11 +236,33 @@ def _redraw(
     return _image(context, study, index, preset, level, width, zoom, selected)
 
 
+def _corrected_value(action: str, value: str | float | None) -> float | None:
+    """The corrected value typed in the field (text, parsed here so that anything typed gets a
+    clear message); None unless the action is a correction. Plausibility is the store's check
+    (``db.review``), so every caller gets the same rule."""
+    if action != "correct":
+        return None
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError("a correction needs the corrected value: type it in mm, e.g. 23.5")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise ValueError(
+            f"{str(value).strip()[:40]!r} is not a number: type the corrected value in mm, "
+            "e.g. 23.5 (with a decimal point)"
+        ) from None
+
+
 def _review(
     context: UiContext, study: dict[str, Any] | None, measurement_id: int | None, action: str,
-    value: float | None, reason: str, index: int, preset: str, level: float, width: float,
+    value: str | float | None, reason: str, index: int, preset: str, level: float, width: float,
     zoom: float, request: gr.Request,
 ) -> Any:  # fmt: skip
+    """Save one review. A refused input (no value, text, 0, 1e308, NaN, ...) or a stale edit
+    changes nothing on the page but the status line, which says why (no error overlay on the
+    image and the table); a stale edit also shows the measurement as it is now."""
     from db.review import review_measurement
 
     user = context.user(_name(request), *REVIEWERS)
@@ -240,17 +275,26 @@ def _review(
                 seen = m["version"]
     if seen is None:
         raise gr.Error(f"measurement {measurement_id} is not in this study")
-    with context.store.writer() as session:
-        review_measurement(
-            session,
-            int(measurement_id),
-            action=ReviewAction(action),
-            reviewer=user,
-            seen_version=seen,
-            value_mm=float(value) if action == "correct" and value is not None else None,
-            reason=reason.strip() or None,
-        )
-        session.commit()
+    try:
+        corrected = _corrected_value(action, value)
+        with context.store.writer() as session:
+            review_measurement(
+                session,
+                int(measurement_id),
+                action=ReviewAction(action),
+                reviewer=user,
+                seen_version=seen,
+                value_mm=corrected,
+                reason=(reason or "").strip() or None,
+                limits=context.correction_limits,
+            )
+            session.commit()
+    except ValueError as error:  # one message, in the status line; the page stays as it was
+        return gr.skip(), gr.skip(), gr.skip(), f"**Not saved:** {markdown_text(error)}", gr.skip()
+    except StaleEditError as error:
+        fresh = _study_state(context, study["study_instance_uid"])
+        image = _image(context, fresh, index, preset, level, width, zoom, int(measurement_id))
+        return fresh, _table(fresh), image, f"**Not saved:** {markdown_text(error)}", gr.skip()
     fresh = _study_state(context, study["study_instance_uid"])
     message = f"{action} of measurement {measurement_id} saved by {user.name}"
     return (
@@ -258,6 +302,7 @@ def _review(
         _table(fresh),
         _image(context, fresh, index, preset, level, width, zoom, int(measurement_id)),
         message,
+        "",  # the next correction starts from an empty field
     )
 
 
@@ -387,24 +432,19 @@ def _audit(
             r["study_instance_uid"],
             r["finding_id"],
             r["name"],
-            r["value_mm"],
-            "" if r["range_mm"] is None else f"{r['range_mm'][0]:.1f}-{r['range_mm'][1]:.1f}",
+            exportable(r["value_mm"]),  # exact, but inf / NaN by name (never a failed query)
+            _span(r["range_mm"]),
             r["model_version"],
             r["status"],
-            r["reviewed_value_mm"],
+            exportable(r["reviewed_value_mm"]),
             r["reviewer"] or "",
             r["reviewed_at"] or "",
         ]
         for r in rows
     ]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["no rows"])
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
     # owner-only, in the UI's private folder, which Gradio serves it from and sweeps
-    path = private_export(context.temp_dir, "measurements.csv", buffer.getvalue())
-    figure, summary = agreement_figure(rows)
+    path = private_export(context.temp_dir, "measurements.csv", rows_csv(rows, ["no rows"]))
+    figure, summary = agreement_figure(rows, context.correction_limits)
     return table, str(path), figure, summary
 
 
@@ -465,16 +505,21 @@ def build_blocks(context: UiContext) -> gr.Blocks:
                             zoom = gr.Slider(1.0, 4.0, step=0.25, value=1.0, label="zoom")
                         clicked = gr.Markdown("Click the image to ask the model to measure there.")
                     with gr.Column(scale=2):
-                        table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True)
+                        table = gr.Dataframe(
+                            headers=TABLE_HEADERS, interactive=False, wrap=True,
+                            elem_id="study-table",
+                        )  # fmt: skip
                         with gr.Group(visible=False) as review_box:
                             measurement = gr.Dropdown(label="measurement id", choices=[])
                             action = gr.Radio(
                                 ["accept", "correct", "reject"], value="accept", label="action"
                             )
-                            value = gr.Number(label="corrected value (mm)")
+                            value = gr.Textbox(
+                                label="corrected value (mm)", value="", placeholder="e.g. 23.5"
+                            )  # text, empty at first: what is typed is checked on the server
                             reason = gr.Textbox(label="reason (needed to correct or reject)")
                             submit = gr.Button("Save review", variant="primary")
-                        review_status = gr.Markdown()
+                        review_status = gr.Markdown(elem_id="review-status")
             with gr.Tab("Upload", visible=False) as upload_tab:
                 upload = gr.File(label="zipped DICOM folder or NIfTI file", type="filepath")
                 upload_button = gr.Button("Ingest and measure", variant="primary")
@@ -527,7 +572,7 @@ def build_blocks(context: UiContext) -> gr.Blocks:
         @_errors_to_gradio
         def review(
             study: dict[str, Any] | None, measurement_id: int | None, action_: str,
-            value_: float | None, reason_: str, index: int, preset_: str, level_: float,
+            value_: str | None, reason_: str, index: int, preset_: str, level_: float,
             width_: float, zoom_: float, request: gr.Request,
         ) -> Any:  # fmt: skip
             return _review(
@@ -588,7 +633,7 @@ def build_blocks(context: UiContext) -> gr.Blocks:
         submit.click(
             review,
             inputs=[study_state, measurement, action, value, reason, *view],
-            outputs=[study_state, table, image, review_status],
+            outputs=[study_state, table, image, review_status, value],
             api_name="review",
         )
         image.select(
