@@ -373,10 +373,12 @@ def audit_verify(
     ] = None,
     db: DbOption = None,
 ) -> None:
-    """Check the hash chain of the audit log and every measurement and review row against it.
+    """Check the hash chain of the audit log and every stored row it covers against it.
 
-    Exit status: 0 intact (the head hash is printed: keep it elsewhere and pass it back with
-    --head next time), 1 tampered (the first problem is named).
+    Covered: users, studies, series, runs, findings, measurements and reviews (every fact a
+    result, an SR or an audit answer is built from). Exit status: 0 intact (the head hash is
+    printed: keep it elsewhere and pass it back with --head next time), 1 tampered (the first
+    problem is named: the event, or the table, row and field that differs).
     """
     from db.audit import verify
 
