@@ -26,6 +26,7 @@ from ingestion.errors import IngestionError, NotDicomError, PixelDataError
 __all__ = ["META", "Cut", "cut_inside", "revealed_sop", "truncation_error"]
 
 META = "the file meta information"
+_PLAUSIBLE_BYTES = 1 << 28  # a header element longer than 256 MiB is a misread length
 Cut = tuple[str, int, int]  # (element the file ends inside, bytes it needs, bytes it holds)
 
 
@@ -73,8 +74,10 @@ def truncation_error(path: Path, ds: Dataset, cut: Cut) -> IngestionError:
             "re-export it from the source",
             series_instance_uid=series or None,
         )
+    # an element that is no known attribute, or a length beyond any header: garbage, not a cut
+    what = "truncated" if element[0] != "(" and need < _PLAUSIBLE_BYTES else "truncated or corrupt"
     return NotDicomError(
-        f"{path}: truncated DICOM header: the file ends inside {element} ({have} of "
+        f"{path}: {what} DICOM header: the file ends inside {element} ({have} of "
         f"{need} bytes); re-export it from the source",
         series_instance_uid=series or None,
     )

@@ -188,7 +188,7 @@ def _corrupt_files(tree: Tree, folder: Path, template: Dataset, study: Path) -> 
         (folder / f"cut_header_{i}.dcm").write_bytes(raw[:cut])
         corrupt[folder / f"cut_header_{i}.dcm"] = "truncated or damaged"
     (folder / "cut_meta.dcm").write_bytes(raw[:150])  # inside the file meta group
-    corrupt[folder / "cut_meta.dcm"] = "truncated or corrupt DICOM header"
+    corrupt[folder / "cut_meta.dcm"] = "truncated DICOM header: the file ends inside the file meta"
     (folder / "garbage.dcm").write_bytes(b"\0" * 128 + b"DICM" + rng.bytes(2000))
     corrupt[folder / "garbage.dcm"] = "truncated or corrupt DICOM header"
     for i in range(2):
