@@ -325,7 +325,7 @@ class _Runner:
                 max_workers=self.options.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=start_worker,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), logging.getLogger().getEffectiveLevel()),
             )
         future = self.pool.submit(load_study, planned.job(self.options.rules.all_series))
         self.pending[future] = planned

@@ -112,8 +112,12 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(0)
 
 
-def start_worker(parent: int) -> None:
-    """Process-pool initializer: leave Ctrl-C to the batch (which stops the pool), and exit
-    when the batch process is gone, so that a killed batch leaves no workers behind."""
+def start_worker(parent: int, log_level: int = logging.WARNING) -> None:
+    """Process-pool initializer: leave Ctrl-C to the batch (which stops the pool), exit when the
+    batch process is gone, so that a killed batch leaves no workers behind, and log as the batch
+    does (a spawned process starts without logging set up: its warnings would be bare lines)."""
+    from app.logs import configure_logging
+
+    configure_logging(logging.getLevelName(log_level))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

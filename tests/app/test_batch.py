@@ -454,3 +454,34 @@ def test_batch_help_names_every_option() -> None:
         assert option in helped.stdout
     for option in ("--modality", "--min-slices", "--include-derived", "--all-series"):
         assert option in helped.stdout
+
+
+def test_the_loader_processes_log_as_the_batch_does(
+    tmp_path: Path, sqlite_store: Store, write_series: SeriesFactory
+) -> None:
+    """A series warning raised in a loader process (spawned: no logging set up of its own) is a
+    log record on stderr like the batch's own, never a bare line."""
+    from pydicom.dataelem import RawDataElement
+    from pydicom.tag import Tag
+
+    def undeclared_non_ascii(ds: pydicom.Dataset, index: int) -> None:
+        raw = "PAT-Ünïcödé".encode("latin-1") + b" "
+        ds[Tag("PatientID")] = RawDataElement(Tag("PatientID"), "LO", len(raw), raw, 0, False, True)
+
+    write_series(tmp_path / "tree" / "s", n=12, rows=64, cols=64, mutate=undeclared_non_ascii)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "app.cli", "batch", str(tmp_path / "tree")),
+            *("--db", str(sqlite_store.url), "--work", str(tmp_path / "work"), "--workers", "1"),
+        ],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "SpecificCharacterSet" in line]
+    assert said, done.stderr
+    assert all("WARNING" in line and "ingestion.load: series" in line for line in said), said
+    assert "Ünïcödé" not in done.stderr and "PAT-" not in done.stderr
