@@ -107,16 +107,25 @@ def test_tampering_a_covered_field_is_named(
     assert "changed outside radcaliper" in (report.problem or "")
 
 
-def test_the_command_line_names_table_row_and_field(
-    store: Store, stored: int, users: dict[str, User]
+@pytest.mark.parametrize(
+    ("table", "field", "statement"),
+    [case for case in TAMPERING if case[:2] in NAMED_IN_THE_ISSUE],
+)
+def test_the_command_line_exits_1_naming_table_row_and_field(
+    store: Store,
+    stored: int,
+    users: dict[str, User],
+    table: str,
+    field: str,
+    statement: str,
 ) -> None:
     intact = runner.invoke(app, ["audit", "verify", "--db", store.url])
     assert intact.exit_code == 0 and "intact" in intact.stdout
-    row = _tamper(store, "studies", "UPDATE studies SET patient_id = 'ANOTHER-PATIENT'")
+    row = _tamper(store, table, statement)
     tampered = runner.invoke(app, ["audit", "verify", "--db", store.url])
     assert tampered.exit_code == 1
     flat = " ".join(tampered.output.split())
-    assert f"table studies, row {row}, field patient_id" in flat
+    assert f"table {table}, row {row}, field {field}" in flat
 
 
 def test_a_row_added_or_deleted_behind_the_log_is_named(store: Store, stored: int) -> None:
