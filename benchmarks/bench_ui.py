@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "app"))
 
 from _machine import load, machine
+
 from test_ui import CHROMIUM, CHROMIUM_ARGS
 
 PASSWORD = "benchmark password"
@@ -45,7 +46,6 @@ def _server(root: Path) -> tuple[str, object, object]:
     import socket
 
     import uvicorn
-    from test_ui import _Measurer, _result_from_truth
 
     from app.measuring import store_measured
     from app.ui.context import UiContext
@@ -55,6 +55,8 @@ def _server(root: Path) -> tuple[str, object, object]:
     from db.models import Role
     from db.users import add_user
     from ingestion.phantoms import PhantomSpec, write_phantoms
+
+    from test_ui import _Measurer, _result_from_truth
 
     spec = PhantomSpec(matrix_size=(288, 288), slice_count=(60, 60))
     write_phantoms(root / "studies", n=1, seed=5, spec=spec)

@@ -122,17 +122,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    import uvicorn
-
-    root = tmp_path_factory.mktemp("ui")
+def seeded_store(root: Path) -> tuple[Store, str]:
+    """An SQLite store under ``root`` with one phantom study (measurements from its truth) and
+    the users alice (reviewer) and ida (auditor); returns it and the study's UID."""
     write_phantoms(root / "studies", n=1, seed=11)
     url = f"sqlite:///{root / 'ui.sqlite3'}"
     upgrade(url)
     store = open_store(url)
-    folder = root / "studies" / "phantom_0000"
-    result, volume = _result_from_truth(folder)
+    result, volume = _result_from_truth(root / "studies" / "phantom_0000")
     store_measured(
         store,
         _Measurer(),
@@ -146,6 +143,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         add_user(session, "alice", Role.REVIEWER, password=PASSWORD, actor="test")
         add_user(session, "ida", Role.AUDITOR, password=PASSWORD, actor="test")
         session.commit()
+    return store, result.study_instance_uid
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    import uvicorn
+
+    root = tmp_path_factory.mktemp("ui")
+    store, study_uid = seeded_store(root)
     context = UiContext(
         store=store, model_dir=None, nifti_modality=None, upload_dir=root / "uploads"
     )
@@ -158,7 +164,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         if uv.started:
             break
         time.sleep(0.05)
-    yield Running(f"http://127.0.0.1:{port}", store, result.study_instance_uid)
+    yield Running(f"http://127.0.0.1:{port}", store, study_uid)
     uv.should_exit = True
     thread.join(timeout=10)
     store.dispose()

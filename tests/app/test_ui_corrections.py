@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select, update
 
-# the server, the browser and the page helpers of the UI's end-to-end test
-from test_ui import PASSWORD, Running, _choose, _login, _settled, browser, server
-
 from app.ui.render import COLOURS
 from db.models import AuditEvent, Measurement, Review, ReviewStatus
+
+# the server, the browser and the page helpers of the UI's end-to-end test
+from test_ui import PASSWORD, Running, _choose, _login, _settled, browser, server
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,18 +25,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount
-from test_ui import PASSWORD, _free_port, _Measurer, _result_from_truth
 
-from app.measuring import store_measured
 from app.ui.context import UiContext
 from app.ui.security import SESSION_ENDED
 from app.ui.server import create_app
 from app.ui.sessions import COOKIE
-from db.engine import Store, open_store
-from db.migrate import upgrade
-from db.models import Role
-from db.users import add_user
-from ingestion.phantoms import write_phantoms
+from db.engine import Store
+
+from test_ui import PASSWORD, _free_port, seeded_store
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
@@ -57,25 +52,8 @@ class Site:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     """A store with one phantom study (measurements from its truth) and two users."""
     root = tmp_path_factory.mktemp("ui_security")
-    write_phantoms(root / "studies", n=1, seed=11)
-    url = f"sqlite:///{root / 'ui.sqlite3'}"
-    upgrade(url)
-    store = open_store(url)
-    result, volume = _result_from_truth(root / "studies" / "phantom_0000")
-    store_measured(
-        store,
-        _Measurer(),
-        result,
-        volume,  # type: ignore[arg-type]
-        started_at=datetime.now(UTC),
-        actor="test",
-        pseudonym_key=None,
-    )
-    with store.writer() as session:
-        add_user(session, "alice", Role.REVIEWER, password=PASSWORD, actor="test")
-        add_user(session, "ida", Role.AUDITOR, password=PASSWORD, actor="test")
-        session.commit()
-    yield Site(store, result.study_instance_uid, root)
+    store, study_uid = seeded_store(root)
+    yield Site(store, study_uid, root)
     store.dispose()
 
 
