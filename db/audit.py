@@ -257,36 +257,36 @@ _Problem = tuple[str, str, int | None, str | None]  # message, table, row id, fi
 
 
 def _compare_table(session: Session, table: str, logged: dict[int, _Logged]) -> _Problem | None:
+    """The first row of ``table`` that differs from ``logged`` (which it empties of the rows it
+    finds). Rows are streamed; the log's events of rows whose digest differs are read after
+    the stream is closed."""
     model = _MODELS[table]
     state = COVERED_TABLES[table]
-    suspects: list[tuple[int, dict[str, Any], _Logged]] = []
+    suspects: list[tuple[int, dict[str, Any], _Logged]] = []  # digest differs: compare later
+    added: int | None = None
     rows = _streamed(session, select(model).order_by(model.id))  # type: ignore[attr-defined]
     try:
         for row in rows:
-            row_id: int = row.id
-            expected = logged.pop(row_id, None)
+            expected = logged.pop(row.id, None)
             if expected is None:
-                return _first_difference(session, table, suspects) or (
-                    f"table {table}, row {row_id}: not in the audit log: it was added outside "
-                    "radcaliper",
-                    table,
-                    row_id,
-                    None,
-                )
+                added = row.id
+                break
             full = state(row)
             actual = {name: full.get(name) for name in expected.fields}
             if _state_digest(actual) != expected.digest:
-                suspects.append((row_id, actual, expected))
-                if len(suspects) >= 100:  # compared below, then go on
-                    problem = _first_difference(session, table, suspects)
-                    if problem is not None:
-                        return problem
-                    suspects.clear()
+                suspects.append((row.id, actual, expected))
     finally:
         rows.close()
     problem = _first_difference(session, table, suspects)
     if problem is not None:
         return problem
+    if added is not None:
+        return (
+            f"table {table}, row {added}: not in the audit log: it was added outside radcaliper",
+            table,
+            added,
+            None,
+        )
     if logged:
         first = min(logged)
         return (

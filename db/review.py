@@ -29,6 +29,7 @@ from db.audit import append_event
 from db.coverage import measurement_state, review_state
 from db.models import Measurement, Review, ReviewAction, ReviewStatus, Role, User
 from ingestion.errors import AccessDeniedError, StaleEditError, StorageError
+from model.measurer.results import MeasurementName
 
 __all__ = ["CorrectionLimits", "review_measurement"]
 
@@ -37,7 +38,7 @@ _STATUS = {
     ReviewAction.CORRECT: ReviewStatus.CORRECTED,
     ReviewAction.REJECT: ReviewStatus.REJECTED,
 }
-_NAMES = ("long_axis", "short_axis", "diameter")  # the measurements (MeasurementName values)
+_NAMES = tuple(name.value for name in MeasurementName)
 #: no limit may exceed this (10 m, beyond any body): plausible values stay small enough for
 #: any statistic of them (the audit tab's agreement figure) to be computed and drawn
 MAX_LIMIT_MM = 10_000.0

@@ -123,7 +123,7 @@ class SliceRef:
     spacing_between_slices: float | None = None  # SpacingBetweenSlices, if given and > 0
     header_problems: tuple[str, ...] = ()  # values present but unusable, ignored (tag and value)
     gantry_tilt: float | None = None  # GantryDetectorTilt (degrees, signed as written), if given
-    stack_key: StackKey = ()  # what tells stacks of one series apart (ingestion._stack_keys)
+    stack_key: StackKey = ()  # what tells stacks of one series apart (ingestion._header_values)
 
     @property
     def normal(self) -> Vector3:

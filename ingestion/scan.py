@@ -18,7 +18,16 @@ from ingestion.dicom_header import DicomObject, SeriesInfo, SliceRef, read_dicom
 from ingestion.errors import InconsistentGeometryError, IngestionError, UnreadableFileError
 from ingestion.stack import SeriesRef, build_stack, split_by_stack_key
 
-__all__ = ["Rejected", "ScanResult", "is_nifti_path", "iter_files", "scan_files", "scan_path"]
+__all__ = [
+    "Incompleteness",
+    "Rejected",
+    "ScanResult",
+    "damaged_copy_reason",
+    "is_nifti_path",
+    "iter_files",
+    "scan_files",
+    "scan_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +118,38 @@ def damaged_copy_reason(reason: str, intact: Path) -> str:
     return f"{reason} (a damaged copy: the readable copy {intact}, same SOPInstanceUID, is used)"
 
 
-def _incomplete(series_uid: str, damaged: _Damaged) -> str:
-    why = "cannot be read" if damaged.unreadable else "is damaged"
-    return (
-        f"series {series_uid}: incomplete, because {damaged.path} {why} (see its own entry); "
-        f"fix or re-export that file"
-    )
+class Incompleteness:
+    """Which damaged files make which series incomplete (README "Damaged files"), for the scan
+    of a tree and for the batch's series selection alike: a damaged file of a known series makes
+    that series incomplete; a file that cannot be read at all makes every series with a file in
+    its folder incomplete (it may be any of their slices). A damaged copy of an image that
+    another file holds intact is not added: that copy is used instead."""
+
+    def __init__(self) -> None:
+        self._by_series: dict[str, Path] = {}  # series UID -> its first damaged file
+        self._unreadable_in: dict[Path, Path] = {}  # folder -> its first unreadable file
+
+    def add(self, path: Path, series_instance_uid: str | None, *, unreadable: bool) -> None:
+        if unreadable:
+            self._unreadable_in.setdefault(path.parent, path)
+        elif series_instance_uid:
+            self._by_series.setdefault(series_instance_uid, path)
+
+    def reason(self, series_instance_uid: str, paths: Iterable[Path]) -> str | None:
+        """Why the series (its files ``paths``) is incomplete, or None."""
+        damaged, why = self._by_series.get(series_instance_uid), "is damaged"
+        if damaged is None:
+            why = "cannot be read"
+            damaged = next(
+                (self._unreadable_in[p.parent] for p in paths if p.parent in self._unreadable_in),
+                None,
+            )
+        if damaged is None:
+            return None
+        return (
+            f"series {series_instance_uid}: incomplete, because {damaged} {why} (see its own "
+            "entry); fix or re-export that file"
+        )
 
 
 def scan_files(paths: Iterable[Path]) -> ScanResult:
@@ -174,8 +209,7 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
                 groups.append(_Group(obj.info, [ref]))
             else:
                 group.slices.append(ref)
-    broken: dict[str, _Damaged] = {}  # series UID -> why it is incomplete
-    unreadable_in: dict[Path, _Damaged] = {}  # folder -> a file in it that cannot be read
+    incomplete = Incompleteness()
     for item in damaged:
         intact = first_copy.get(item.sop_instance_uid or "")
         if intact is not None:
@@ -183,24 +217,12 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
             result.rejected[item.index] = Rejected(
                 old.path, damaged_copy_reason(old.reason, intact)
             )
-        elif item.unreadable:
-            unreadable_in.setdefault(item.path.parent, item)
-        elif item.series_instance_uid is not None:
-            broken.setdefault(item.series_instance_uid, item)
+        else:
+            incomplete.add(item.path, item.series_instance_uid, unreadable=item.unreadable)
     for (_, series_uid), groups in by_series.items():
-        cause = broken.get(series_uid) or next(
-            (
-                unreadable_in[s.path.parent]
-                for g in groups
-                for s in g.slices
-                if s.path.parent in unreadable_in
-            ),
-            None,
-        )
-        if cause is not None:
-            result.rejected.append(
-                Rejected(groups[0].slices[0].path, _incomplete(series_uid, cause))
-            )
+        why = incomplete.reason(series_uid, (s.path for g in groups for s in g.slices))
+        if why is not None:
+            result.rejected.append(Rejected(groups[0].slices[0].path, why))
             continue
         result.series.extend(_stacks(groups, result))
     logger.info(

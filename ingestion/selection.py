@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingestion.catalog import FileRecord, ImageAttributes
+from ingestion.scan import Incompleteness
 
 __all__ = ["Note", "NoteKind", "SelectionRules", "SeriesCandidate", "StudyPlan", "plan_study"]
 
@@ -131,7 +132,7 @@ def _candidate(uid: str, images: Sequence[FileRecord]) -> SeriesCandidate:
 
 
 def _left_out(
-    uid: str, attrs: ImageAttributes, planes: int, damaged: FileRecord | None, rules: SelectionRules
+    uid: str, attrs: ImageAttributes, planes: int, incomplete: str | None, rules: SelectionRules
 ) -> str | None:
     """Why series ``uid`` is not a candidate, or None."""
     if attrs.modality not in rules.modalities:
@@ -144,9 +145,8 @@ def _left_out(
             f"series {uid}: derived images (ImageType {attrs.image_type}), e.g. a "
             "reformat; not measured (--include-derived)"
         )
-    if damaged is not None:
-        why = "cannot be read" if damaged.unreadable else "is damaged"
-        return f"series {uid}: incomplete, because {damaged.path} {why} (see its own entry)"
+    if incomplete is not None:
+        return incomplete
     if planes < rules.min_slices:
         return f"series {uid}: {planes} slice(s), fewer than --min-slices {rules.min_slices}"
     return None
@@ -181,22 +181,15 @@ def plan_study(
             )
             continue
         by_series.setdefault(uid, []).append(record)
-    broken: dict[str, FileRecord] = {}
-    unreadable_in: dict[Path, FileRecord] = {}  # folder -> a file in it that cannot be read
+    incomplete = Incompleteness()
     for record in damaged:
-        if record.intact_copy is not None:
-            continue  # a damaged copy: the intact one is used
-        if record.unreadable:
-            unreadable_in.setdefault(record.path.parent, record)
-        elif record.series_instance_uid:
-            broken.setdefault(record.series_instance_uid, record)
+        if record.intact_copy is None:  # a damaged copy: the intact one is used
+            incomplete.add(record.path, record.series_instance_uid, unreadable=record.unreadable)
     candidates = []
     for uid, files in sorted(by_series.items()):
         candidate = _candidate(uid, files)
-        cause = broken.get(uid) or next(
-            (unreadable_in[r.path.parent] for r in files if r.path.parent in unreadable_in), None
-        )
-        reason = _left_out(uid, candidate.first, candidate.planes, cause, rules)
+        broken = incomplete.reason(uid, (r.path for r in files))
+        reason = _left_out(uid, candidate.first, candidate.planes, broken, rules)
         if reason is None:
             candidates.append(candidate)
         else:

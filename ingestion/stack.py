@@ -18,7 +18,7 @@ Rules (documented in README "Ingestion rules"):
 - A single-slice series takes its slice spacing from SpacingBetweenSlices or SliceThickness, and
   is rejected if neither is present (naming a value that is there but not > 0).
 - A series that does not stack as a whole (repeated positions, uneven gaps) but whose planes fall
-  into stacks that each do, told apart by their stack key (``ingestion._stack_keys``: e.g. two
+  into stacks that each do, told apart by their stack key (``ingestion._header_values``: e.g. two
   slice thicknesses, magnitude and field map frames, time points), is split into those stacks,
   each with a note naming what tells them apart; each must have at least two planes (four
   acquisitions at one position are not four stacks). Otherwise the series is rejected.
@@ -104,7 +104,7 @@ def _stated_spacing_contradictions(
     ]
 
 
-def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None = None) -> SeriesRef:
+def build_stack(info: SeriesInfo, slices: Sequence[SliceRef]) -> SeriesRef:
     """Sort ``slices`` (same size, orientation and pixel spacing) into a :class:`SeriesRef`.
 
     Raises:
@@ -114,7 +114,7 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
     if not slices:
         raise ValueError("build_stack needs at least one slice")
     first = slices[0]
-    name = info.series_instance_uid if part is None else f"{info.series_instance_uid} part {part}"
+    name = info.series_instance_uid
     normal = np.asarray(first.normal)
     normal = normal / np.linalg.norm(normal)
     problems = tuple(dict.fromkeys(p for s in slices for p in s.header_problems))
@@ -133,7 +133,7 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
             spacing=(first.nominal_thickness, *first.pixel_spacing),
         )
         warnings.append("single slice: slice spacing taken from the stated slice thickness")
-        return SeriesRef(info, tuple(slices), geometry, part, tuple(warnings))
+        return SeriesRef(info, tuple(slices), geometry, None, tuple(warnings))
 
     positions = np.array([s.position for s in slices], dtype=np.float64)  # (N, 3)
     depth = positions @ normal  # (N,)
@@ -195,7 +195,7 @@ def build_stack(info: SeriesInfo, slices: Sequence[SliceRef], part: int | None =
         slice_direction=(float(direction[0]), float(direction[1]), float(direction[2])),
         spacing=(spacing, *first.pixel_spacing),
     )
-    return SeriesRef(info, tuple(ordered), geometry, part, tuple(warnings), signed)
+    return SeriesRef(info, tuple(ordered), geometry, None, tuple(warnings), signed)
 
 
 def split_by_stack_key(slices: Sequence[SliceRef]) -> list[tuple[list[SliceRef], str]] | None:

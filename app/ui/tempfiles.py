@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.files import owner_only_dir
 from ingestion.errors import ConfigurationError
 
 __all__ = ["PrivateFolder", "private_export"]
 
 logger = logging.getLogger(__name__)
 
-PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
 
@@ -49,19 +49,14 @@ class PrivateFolder:
                 f"{path}: the UI's temporary folder is a link or a file; remove it (radcaliper "
                 "creates the folder itself)"
             )
-        path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-        if path.stat().st_uid != os.getuid():
+        if path.exists() and path.stat().st_uid != os.geteuid():
             raise ConfigurationError(
                 f"{path}: the UI's temporary folder belongs to another user; remove it or give "
                 "it to the user running radcaliper"
             )
-        os.chmod(path, PRIVATE_DIR)
+        owner_only_dir(path)
         self.clear()
         return path
-
-    def new_folder(self, prefix: str) -> Path:
-        """A fresh owner-only folder inside (for one export)."""
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.path))
 
     @staticmethod
     def write_text(path: Path, text: str) -> Path:

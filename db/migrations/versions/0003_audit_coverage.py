@@ -48,6 +48,9 @@ def downgrade() -> None:
 
 
 def _record_baseline(bind: sa.Connection) -> None:
+    # The chain's own hash and the coverage's state functions, on rows of the tables as they are
+    # at this revision (reflected). A later revision that covers a column added after 0003 must
+    # keep these functions working on rows without it (or freeze 0003's here).
     from db.audit import event_hash
     from db.coverage import row_state
 
