@@ -89,6 +89,15 @@ class TruthFinding:
         if self.kind == "vessel" and self.hu is None:
             raise ValueError("hu is required for a vessel")
 
+    @property
+    def z_range_lps_mm(self) -> tuple[float, float] | None:
+        """A lesion's extent along z (centre +- half its cranio-caudal extent); None for a
+        vessel, which runs through the whole phantom."""
+        if self.kind != "lesion" or self.cc_extent_mm is None:
+            return None
+        z, half = self.center_lps_mm[2], self.cc_extent_mm / 2.0
+        return (z - half, z + half)
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; only the fields of this kind of finding."""
         out: dict[str, Any] = {
