@@ -475,10 +475,12 @@ class ImportResult:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", SourceType(self.source))
-        for row in (*self.studies, *self.findings):
-            if (row.provenance.source, row.provenance.path) != (self.source, self.path):
+        for provenance in [s.provenance for s in self.studies] + [
+            f.provenance for f in self.findings
+        ]:
+            if (provenance.source, provenance.path) != (self.source, self.path):
                 raise ValueError(
-                    f"a row from {row.provenance.source.value} {row.provenance.path} is not "
+                    f"a row from {provenance.source.value} {provenance.path} is not "
                     f"from this import ({self.source.value} {self.path})"
                 )
         ids = [f.id for f in self.findings]
