@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from app.cli_batch import batch
+from app.cli_dataset import dataset_app
 from app.cli_model import calibrate, evaluate, measure, serve, train
 from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
@@ -227,6 +228,7 @@ for command in (measure, batch, train, calibrate, evaluate, serve):
 app.add_typer(db_app, name="db")
 app.add_typer(users_app, name="users")
 app.add_typer(audit_app, name="audit")
+app.add_typer(dataset_app, name="dataset")
 
 
 def main() -> None:

@@ -109,7 +109,7 @@ def measure(
                         measure_and_store,
                         measurer,
                         volume,
-                        source=str(path),
+                        source=str(path.resolve()),
                         store=store,
                         actor=cli_actor(),
                         pseudonym_key=settings.pseudonym_key,
@@ -183,8 +183,18 @@ def train(
     version: Annotated[str, typer.Option("--version-tag", help="Model version to record.")] = (
         "0.1.0"
     ),
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            "--dataset",
+            help="Train on dataset folders ('radcaliper dataset import'), mixed by weight: "
+            "DIR[:weight],... ; 'phantoms' stands for phantoms generated on the fly, e.g. "
+            "--dataset site:3,phantoms:1.",
+        ),
+    ] = None,
 ) -> None:
-    """Train the default measurer (tiny Circle-RoPE Qwen2.5-VL with RNED) on phantoms.
+    """Train the default measurer (tiny Circle-RoPE Qwen2.5-VL with RNED) on phantoms or on
+    datasets.
 
     Two stages (from scratch with a wide numeric label, then a refinement), deterministic for a
     seed, resumable: state is saved every 1000 steps under OUT/train_state. Calibrate the result
@@ -193,7 +203,7 @@ def train(
 
     from ingestion.errors import RadcaliperError
     from model.measurer.checkpoint import NumericMode
-    from model.measurer.pool import FolderSource, PhantomSource, StudySource
+    from model.measurer.pool import FolderSource, PhantomSource, StudySource, parse_sources
     from model.measurer.train import TrainConfig
     from model.measurer.train import train as run_training
 
@@ -211,9 +221,25 @@ def train(
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
         config = _with_steps(config, steps)
-    source: StudySource = (
-        FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(config.seed)
-    )
+    if dataset is not None and phantoms_dir is not None:
+        err.print("[red]error:[/red] give --dataset or --phantoms, not both")
+        raise typer.Exit(EXIT_NOTHING)
+    try:
+        if dataset is not None:
+            source: StudySource = parse_sources(dataset, config.seed)
+        elif phantoms_dir is not None:
+            source = FolderSource(phantoms_dir)
+        else:
+            source = PhantomSource(config.seed)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    for licence in _restricted_licences(source):
+        err.print(
+            f"[yellow]warning[/yellow] training data under '{safe(licence)}': a non-commercial "
+            "licence allows development and evaluation, not a model you ship",
+            highlight=False,
+        )
     command = command_line(ctx)
     with progress_display() as progress:
         task = progress.add_task("training", total=config.total_steps, status="")
@@ -254,8 +280,17 @@ def calibrate(
     coverage: Annotated[
         float, typer.Option("--coverage", min=0.5, max=0.99, help="Nominal coverage of ranges.")
     ] = 0.90,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            "--dataset",
+            help="Calibrate on the studies of this dataset folder ('radcaliper dataset import'; "
+            "studies the model was not trained on).",
+        ),
+    ] = None,
 ) -> None:
-    """Fit the calibrated ranges of a checkpoint on held-out phantoms (split conformal).
+    """Fit the calibrated ranges of a checkpoint on held-out studies (split conformal):
+    phantoms by default, or a dataset.
 
     Measures N held-out studies, fits per measurement name the interval that covers the truth
     with the nominal probability (absolute or size-adaptive, whichever is narrower), stores it in
@@ -263,22 +298,35 @@ def calibrate(
     """
     import dataclasses
 
+    from ingestion.errors import RadcaliperError
     from model.measurer.calibration import fit_calibration
     from model.measurer.checkpoint import write_settings
     from model.measurer.evaluate import calibration_pairs, evaluate
-    from model.measurer.pool import FolderSource, PhantomSource, StudySource
+    from model.measurer.pool import DatasetSource, FolderSource, PhantomSource, StudySource
     from model.measurer.results import MeasurementName
 
-    if seed == 0 and phantoms_dir is None:
+    if dataset is not None and phantoms_dir is not None:
+        err.print("[red]error:[/red] give --dataset or --phantoms, not both")
+        raise typer.Exit(EXIT_NOTHING)
+    if seed == 0 and phantoms_dir is None and dataset is None:
         err.print(
             "[yellow]note[/yellow] seed 0 is the default training seed; calibrate on "
             "studies the model never saw"
         )
     measurer = load_measurer(model_dir)
-    source: StudySource = (
-        FolderSource(phantoms_dir) if phantoms_dir is not None else PhantomSource(seed)
-    )
-    count = n if phantoms_dir is None else min(n, len(source.folders))  # type: ignore[attr-defined]
+    try:
+        if dataset is not None:
+            data_source = DatasetSource(dataset)
+            source: StudySource = data_source
+            count = min(n, len(data_source))
+        elif phantoms_dir is not None:
+            folders = FolderSource(phantoms_dir)
+            source, count = folders, min(n, len(folders.folders))
+        else:
+            source, count = PhantomSource(seed), n
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
     with progress_display() as progress:
         task = progress.add_task("calibrating", total=count, status="")
         evaluation = evaluate(
@@ -317,6 +365,17 @@ def calibrate(
     out.print(table)
 
 
+def _restricted_licences(source: Any) -> list[str]:
+    """The non-commercial licences (``NC``, "non-commercial") among a training source's
+    datasets (``MixedSource`` parts included)."""
+    import re
+
+    parts = getattr(source, "parts", [source])
+    licences = {licence for part in parts for licence in getattr(part, "licences", ())}
+    pattern = re.compile(r"\bNC\b|non-?commercial", re.IGNORECASE)
+    return sorted(licence for licence in licences if pattern.search(licence))
+
+
 def _read_train_config(path: Path) -> Any:
     """The ``TrainConfig`` in ``path`` (``--config``), or exit 2 with one line saying why."""
     from model.measurer.train import TrainConfig
@@ -347,15 +406,20 @@ def _with_steps(config: Any, steps: int) -> Any:
 
 RESULTS_BEGIN = "<!-- radcaliper evaluate: begin -->"
 RESULTS_END = "<!-- radcaliper evaluate: end -->"
+DATASET_BEGIN = "<!-- radcaliper evaluate --dataset: begin -->"
+DATASET_END = "<!-- radcaliper evaluate --dataset: end -->"
 
 
-def _replace_section(path: Path, text: str) -> None:
-    """Put ``text`` between the evaluate markers of ``path`` (appended the first time)."""
+def _replace_section(
+    path: Path, text: str, begin: str = RESULTS_BEGIN, end: str = RESULTS_END
+) -> None:
+    """Put ``text`` between the ``begin`` and ``end`` markers of ``path`` (appended the first
+    time)."""
     old = path.read_text() if path.is_file() else ""
-    block = f"{RESULTS_BEGIN}\n{text}{RESULTS_END}\n"
-    if RESULTS_BEGIN in old and RESULTS_END in old:
-        head, rest = old.split(RESULTS_BEGIN, 1)
-        tail = rest.split(RESULTS_END, 1)[1].lstrip("\n")
+    block = f"{begin}\n{text}{end}\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         path.write_text(head + block + tail)
     else:
         path.write_text(old.rstrip("\n") + "\n\n" + block)
@@ -380,8 +444,13 @@ def evaluate(
         typer.Option("--work", help="Where the compared models are trained (and found again)."),
     ] = None,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Folder for the JSON results and the plots.")
-    ] = Path("benchmarks/results"),
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Folder for the JSON results and the plots (default benchmarks/results; with "
+            "--dataset, DATASET/evaluation/MODEL-VERSION).",
+        ),
+    ] = None,
     results_md: Annotated[
         Path | None,
         typer.Option("--results-md", help="Markdown file whose evaluate section is replaced."),
@@ -400,15 +469,31 @@ def evaluate(
             "starts from: size, batches, stages (--steps still rescales its stages).",
         ),
     ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            "--dataset",
+            help="Evaluate --model (default: the demo) on this dataset folder instead of "
+            "comparing modes: recall, false findings, MAE, Bland-Altman, coverage, time; "
+            "results in --out (default DATASET/evaluation/MODEL-VERSION).",
+        ),
+    ] = None,
 ) -> None:
-    """Compare the numeric modes (RNED with the paper's and the correlation decoder, standard
-    tokens, xVal) and the positional modes (M-RoPE, Circle-RoPE, Circle-RoPE + AGE) at the same
-    data, backbone, budget and seed, on the same held-out phantoms.
+    """Evaluate a model on a dataset (--dataset), or compare the numeric modes (RNED with the
+    paper's and the correlation decoder, standard tokens, xVal) and the positional modes (M-RoPE,
+    Circle-RoPE, Circle-RoPE + AGE) at the same data, backbone, budget and seed, on the same
+    held-out phantoms.
 
-    Writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true,
-    Bland-Altman of the shipped model, coverage vs nominal) and the tables in --results-md.
-    Models are trained into --work once and reused when their configuration is unchanged.
+    With --dataset: writes OUT/evaluation.json, OUT/evaluation.md and plots (Bland-Altman and
+    predicted vs true per measurement); --results-md gets the tables. Otherwise writes
+    OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true, Bland-Altman of
+    the shipped model, coverage vs nominal) and the tables in --results-md. Models are trained
+    into --work once and reused when their configuration is unchanged.
     """
+    if dataset is not None:
+        _evaluate_on_dataset(ctx, dataset, demo, out_dir, results_md)
+        return
+    out_dir = out_dir or Path("benchmarks/results")
     import time
 
     from app.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
@@ -504,6 +589,40 @@ def evaluate(
     )
     if results_md is not None:
         _replace_section(results_md, text)
+    out.print(text, markup=False, highlight=False)
+
+
+def _evaluate_on_dataset(
+    ctx: typer.Context,
+    dataset: Path,
+    model_dir: Path | None,
+    out_dir: Path | None,
+    results_md: Path | None,
+) -> None:
+    """``evaluate --dataset``: one model on one dataset (``app.dataset_eval``)."""
+    from app.dataset_eval import evaluate_dataset, write_outputs
+    from ingestion.errors import RadcaliperError
+
+    measurer = load_measurer(model_dir)
+    info = measurer.info
+    try:
+        from model.measurer.pool import DatasetSource
+
+        total = len(DatasetSource(dataset))
+        with progress_display() as progress:
+            task = progress.add_task("evaluating", total=total, status="")
+            result = evaluate_dataset(measurer, dataset, on_study=lambda _: progress.advance(task))
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    target = out_dir or dataset / "evaluation" / f"{info.name}-{info.version}"
+    header = [
+        f"- command: `{command_line(ctx).strip()}`; {result.seconds / 60:.1f} min",
+        f"- dataset: `{dataset}` ({result.evaluation.studies} series); results in `{target}/`",
+    ]
+    text = write_outputs(result, target, header)
+    if results_md is not None:
+        _replace_section(results_md, text, DATASET_BEGIN, DATASET_END)
     out.print(text, markup=False, highlight=False)
 
 

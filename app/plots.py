@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from db.review import CorrectionLimits
 
-__all__ = ["agreement_figure", "bland_altman", "coverage_vs_nominal", "predicted_vs_true"]
+__all__ = [
+    "agreement_figure",
+    "bland_altman",
+    "coverage_vs_nominal",
+    "measurement_agreement",
+    "predicted_vs_true",
+]
 
 _NAMES = {"lesion": ("long axis", "short axis"), "vessel": ("diameter",)}
 
@@ -198,3 +204,45 @@ def agreement_figure(
     figure.tight_layout()
     plt.close(figure)
     return figure, summary
+
+
+def measurement_agreement(
+    pairs: Sequence[tuple[str, float, float]], agreement_path: Path, scatter_path: Path, title: str
+) -> tuple[Path, Path]:
+    """From ``(name, predicted_mm, true_mm)`` pairs: a Bland-Altman panel per measurement name
+    (bias and 95 % limits) and a predicted-vs-true panel per name. With no pair, each figure
+    says so."""
+    plt = _pyplot()
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for name, value, true in pairs:
+        by_name.setdefault(name, []).append((value, true))
+    names = sorted(by_name) or ["no matched measurement"]
+    paths = []
+    for path, scatter in ((agreement_path, False), (scatter_path, True)):
+        figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 4), squeeze=False)
+        for axis, name in zip(axes[0], names, strict=True):
+            values = by_name.get(name, [])
+            label = name.replace("_", " ")
+            if not values:
+                axis.set_title(label)
+                continue
+            predicted = [p for p, _ in values]
+            truth = [t for _, t in values]
+            if scatter:
+                top = max(1.0, *predicted, *truth)
+                axis.scatter(truth, predicted, s=12, alpha=0.7)
+                axis.plot([0, top], [0, top], color="grey", linewidth=0.8)
+                axis.set_xlabel("true (mm)")
+                axis.set_ylabel("predicted (mm)")
+                axis.set_title(f"{label} (n = {len(values)})")
+            else:
+                means = [(p + t) / 2 for p, t in values]
+                diffs = [p - t for p, t in values]
+                axis.scatter(means, diffs, s=12, alpha=0.7)
+                bias, limit = _limits(axis, diffs)
+                axis.set_xlabel("mean of predicted and true (mm)")
+                axis.set_ylabel("predicted - true (mm)")
+                axis.set_title(f"{label} (n = {len(values)})\nbias {bias:+.2f}, +- {limit:.2f} mm")
+        figure.suptitle(title)
+        paths.append(_save(figure, path))
+    return paths[0], paths[1]

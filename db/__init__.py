@@ -78,6 +78,11 @@ if TYPE_CHECKING:
         pseudonym,
         store_result,
     )
+    from db.training import (
+        ReviewedFinding,
+        ReviewedMeasurement,
+        reviewed_findings,
+    )
     from db.users import (
         add_user,
         get_user,
@@ -150,6 +155,11 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "pseudonym",
         "store_result",
     ),
+    "db.training": (
+        "ReviewedFinding",
+        "ReviewedMeasurement",
+        "reviewed_findings",
+    ),
     "db.users": (
         "add_user",
         "get_user",
@@ -172,6 +182,8 @@ __all__ = [
     "Review",
     "ReviewAction",
     "ReviewStatus",
+    "ReviewedFinding",
+    "ReviewedMeasurement",
     "Role",
     "Run",
     "RunIdentity",
@@ -205,6 +217,7 @@ __all__ = [
     "redacted",
     "review_measurement",
     "review_state",
+    "reviewed_findings",
     "row_state",
     "session_scope",
     "store_result",

@@ -498,8 +498,11 @@ class Dataset:
     skipped: tuple[Skipped, ...] = field(default=(), repr=False)
 
     def series(self) -> list[str]:
-        """Series UIDs in a stable order (sorted)."""
-        return sorted({s.series_instance_uid for s in self.studies})
+        """Series UIDs in a stable order: by image path, then UID."""
+        first: dict[str, tuple[str, str]] = {}
+        for s in sorted(self.studies, key=lambda s: (s.image.path, s.series_instance_uid)):
+            first.setdefault(s.series_instance_uid, (s.image.path, s.series_instance_uid))
+        return sorted(first, key=first.__getitem__)
 
     def study(self, series_instance_uid: str) -> DatasetStudy:
         """The series' study entry (the first by input path where several inputs give it), with

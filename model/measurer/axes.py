@@ -36,7 +36,7 @@ from model.measurer.results import FindingKind
 from model.numeric.text import format_box, parse_values
 
 if TYPE_CHECKING:
-    from ingestion.phantoms import TruthFinding
+    from ingestion.dataset.format import TrueFinding
 
 __all__ = [
     "AXIS_NAMES",
@@ -148,8 +148,20 @@ def truth_segments(
     return ((c - long_half, c + long_half), (c - short_half, c + short_half))
 
 
-def finding_axes(finding: TruthFinding) -> tuple[tuple[Vector3, Vector3], ...]:
-    """The true axes of a phantom finding (:func:`truth_segments`) as LPS tuples."""
+def finding_axes(finding: TrueFinding) -> tuple[tuple[Vector3, Vector3], ...]:
+    """The true axes of a finding as LPS tuples: a dataset row's own end points where it has
+    them (a real lesion's short axis need not cross its long axis' midpoint), else the
+    ellipse's (:func:`truth_segments`)."""
+    from ingestion.dataset.format import DatasetFinding
+
+    if isinstance(finding, DatasetFinding):
+        own = (
+            (finding.long_axis_lps_mm, finding.short_axis_lps_mm)
+            if finding.kind == "lesion"
+            else (finding.diameter_lps_mm,)
+        )
+        if all(segment is not None for segment in own):
+            return tuple(segment for segment in own if segment is not None)
     pairs = truth_segments(
         finding.kind,
         finding.center_lps_mm,

@@ -44,7 +44,8 @@ from model.numeric.text import to_num_text
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from ingestion.phantoms import Phantom, TruthFinding
+    from ingestion.dataset.format import TrueFinding
+    from ingestion.phantoms import Phantom
 
 __all__ = [
     "AxesExample",
@@ -61,6 +62,7 @@ __all__ = [
     "encode_example",
     "finding_patches",
     "measure_example",
+    "negative_patches",
     "phantom_examples",
     "phantom_volume",
     "point_example",
@@ -261,7 +263,7 @@ def axes_example(
     return AxesExample(kind, _model_channels(crop, inputs), axes_prompt(kind), answer, crop)
 
 
-def _truth_values(finding: TruthFinding) -> tuple[float, ...]:
+def _truth_values(finding: TrueFinding) -> tuple[float, ...]:
     if finding.kind == "lesion":
         assert finding.long_axis_mm is not None and finding.short_axis_mm is not None
         return (round(finding.long_axis_mm, 1), round(finding.short_axis_mm, 1))
@@ -377,13 +379,13 @@ def _patch_around(
     return volume.voxels[s0:s1, r0:r1, c0:c1].astype(np.float16), sub
 
 
-def _outer_radius(finding: TruthFinding) -> float:
+def _outer_radius(finding: TrueFinding) -> float:
     size = finding.long_axis_mm if finding.kind == "lesion" else finding.diameter_mm
     assert size is not None
     return size / 2
 
 
-def _inner_radius(finding: TruthFinding) -> float:
+def _inner_radius(finding: TrueFinding) -> float:
     """Clicks within 40 % of the smallest half-axis land on the finding."""
     if finding.kind == "lesion":
         assert finding.short_axis_mm is not None
@@ -394,7 +396,7 @@ def _inner_radius(finding: TruthFinding) -> float:
 
 def finding_patches(
     volume: Volume,
-    findings: Sequence[TruthFinding],
+    findings: Sequence[TrueFinding],
     inputs: MeasureInputs,
     *,
     click_fraction: float = 0.0,
@@ -426,7 +428,7 @@ def finding_patches(
 
 def background_patches(
     volume: Volume,
-    findings: Sequence[TruthFinding],
+    findings: Sequence[TrueFinding],
     inputs: MeasureInputs,
     rng: np.random.Generator,
     *,
@@ -486,7 +488,20 @@ def background_patches(
     return out
 
 
-def _half_extent_z(finding: TruthFinding) -> float:
+def negative_patches(
+    volume: Volume, negatives: Sequence[TrueFinding], inputs: MeasureInputs
+) -> list[FindingPatch]:
+    """A background patch (point examples answer "none") centred on each place a reviewer
+    said holds no finding (a rejected finding: ``ingestion.dataset.Label.NEGATIVE``)."""
+    out = []
+    for negative in negatives:
+        point = np.asarray(negative.center_lps_mm, dtype=np.float64)
+        hu, geometry = _patch_around(volume, point, inputs, 0.0)
+        out.append(FindingPatch(hu, geometry, negative.center_lps_mm, None, ()))
+    return out
+
+
+def _half_extent_z(finding: TrueFinding) -> float:
     """How far along z from its centre a finding shows (mm): a vessel everywhere."""
     if finding.kind == "vessel" or finding.cc_extent_mm is None:
         return math.inf

@@ -1,15 +1,24 @@
 """Held-out evaluation of a measurer against the truth of phantoms (the issue's metrics).
 
-Matching (phantom-spec.md, "Ground truth"): a true finding is found when a reported finding of
-the same kind has its centre within ``max(10 mm, half the true long axis)`` of the true centre
-in the axial plane; each reported finding matches at most one true finding (nearest pairs
-first). A reported finding that matches nothing is a false finding.
+Truth is any :class:`~ingestion.dataset.TrueFinding`: a phantom's or a dataset row's.
 
-Metrics (:class:`Evaluation`): recall of lesions >= 10 mm long and of vessels, false findings
-per study, MAE of long axis, short axis and diameter on matched findings that were measured,
-coverage and mean width of the calibrated ranges, the share of answers that parsed, and the
-time per study. :func:`calibration_pairs` gives the ``(name, predicted, true)`` pairs that
-``fit_calibration`` needs.
+Matching (phantom-spec.md, "Ground truth"; the same rule for phantoms and real datasets): a true
+finding is found when a reported finding of the same kind has its centre within ``max(10 mm,
+half the true long axis)`` (a vessel: half its diameter) of the true centre in the axial plane,
+and, where the truth has a z extent (a lesion), within that extent along z; each reported
+finding matches at most one true finding (nearest pairs first).
+
+A reported finding that matches nothing is a false finding when its kind is annotated
+exhaustively in the study (``TrainingStudy.annotated``: phantoms and label maps) or when it lies
+where a reviewer rejected a finding (a negative example, within 10 mm in the plane); else it is
+unjudged (an SR or a review lists some findings, not all), and counted as such.
+
+Metrics (:class:`Evaluation`): recall of lesions >= 10 mm long and of vessels, and per kind and
+size bin; false findings per study; MAE and Bland-Altman (bias, 95 % limits) of long axis,
+short axis and diameter on matched findings that were measured; coverage and mean width of the
+calibrated ranges; the share of answers that parsed; the time per study.
+:func:`calibration_pairs` gives the ``(name, predicted, true)`` pairs that ``fit_calibration``
+needs.
 """
 
 from __future__ import annotations
@@ -22,25 +31,35 @@ from typing import Any
 
 import numpy as np
 
-from ingestion.phantoms import TruthFinding
+from ingestion.dataset.format import TrueFinding
 from model.measurer.pool import TrainingStudy
 from model.measurer.protocol import Measurer
 from model.measurer.results import MeasurementName, StudyFinding, StudyResult
 
 __all__ = [
+    "SIZE_BINS",
+    "Agreement",
     "Evaluation",
     "MatchedMeasurement",
     "StudyOutcome",
     "calibration_pairs",
     "evaluate",
     "match_findings",
+    "size_bin",
+    "size_bin_name",
     "summarize",
 ]
 
 RECALL_MIN_LONG_AXIS_MM = 10.0
+NEGATIVE_RADIUS_MM = 10.0
+# size bins of the recall table, by long axis (lesion) or diameter (vessel), mm: [low, high)
+SIZE_BINS: dict[str, tuple[float, ...]] = {
+    "lesion": (0.0, 10.0, 20.0, 40.0, math.inf),
+    "vessel": (0.0, 20.0, 30.0, math.inf),
+}
 
 
-def _true_values(finding: TruthFinding) -> dict[MeasurementName, float]:
+def _true_values(finding: TrueFinding) -> dict[MeasurementName, float]:
     if finding.kind == "lesion":
         assert finding.long_axis_mm is not None and finding.short_axis_mm is not None
         return {
@@ -51,26 +70,53 @@ def _true_values(finding: TruthFinding) -> dict[MeasurementName, float]:
     return {MeasurementName.DIAMETER: finding.diameter_mm}
 
 
-def _radius(finding: TruthFinding) -> float:
+def _size(finding: TrueFinding) -> float:
     size = finding.long_axis_mm if finding.kind == "lesion" else finding.diameter_mm
     assert size is not None
-    return max(10.0, size / 2.0)
+    return size
+
+
+def _radius(finding: TrueFinding) -> float:
+    return max(10.0, _size(finding) / 2.0)
+
+
+def _within_z(finding: TrueFinding, z: float) -> bool:
+    z_range = finding.z_range_lps_mm
+    return z_range is None or z_range[0] - 1e-6 <= z <= z_range[1] + 1e-6
+
+
+def size_bin_name(kind: str, index: int) -> str:
+    """The name of size bin ``index`` of ``kind`` (``SIZE_BINS``): "10-20 mm", ">= 40 mm"."""
+    low, high = SIZE_BINS[kind][index], SIZE_BINS[kind][index + 1]
+    if math.isinf(high):
+        return f">= {low:g} mm"
+    return f"< {high:g} mm" if low == 0 else f"{low:g}-{high:g} mm"
+
+
+def size_bin(finding: TrueFinding) -> str:
+    """The finding's size bin (``SIZE_BINS``)."""
+    edges = SIZE_BINS[finding.kind]
+    size = _size(finding)
+    for index in range(len(edges) - 1):
+        if edges[index] <= size < edges[index + 1]:
+            return size_bin_name(finding.kind, index)
+    raise AssertionError(size)
 
 
 def match_findings(
-    truth: Sequence[TruthFinding], reported: Sequence[StudyFinding]
+    truth: Sequence[TrueFinding], reported: Sequence[StudyFinding]
 ) -> list[tuple[int, int]]:
     """(truth index, reported index) pairs: same kind, within the match radius in the axial
-    plane (the spec's rule), each finding used once, nearest pairs in 3-D first: two lesions
-    stacked along z at the same place in the plane are each paired with the finding at their
-    own level, not crosswise."""
+    plane and within the truth's z extent (the module's rule), each finding used once, nearest
+    pairs in 3-D first: two lesions stacked along z at the same place in the plane are each
+    paired with the finding at their own level, not crosswise."""
     candidates = []
     for i, t in enumerate(truth):
         for j, r in enumerate(reported):
             if r.kind.value != t.kind:
                 continue
             dx, dy, dz = (r.center_lps_mm[k] - t.center_lps_mm[k] for k in range(3))
-            if math.hypot(dx, dy) <= _radius(t):
+            if math.hypot(dx, dy) <= _radius(t) and _within_z(t, r.center_lps_mm[2]):
                 candidates.append((math.hypot(dx, dy, dz), i, j))
     used_truth: set[int] = set()
     used_reported: set[int] = set()
@@ -96,20 +142,88 @@ class MatchedMeasurement:
 
 @dataclass(frozen=True)
 class StudyOutcome:
-    """What one study gave."""
+    """What one study gave.
+
+    ``annotated``: the kinds annotated exhaustively in the study (an unmatched report of one of
+    them is false); ``negatives``: places a reviewer said hold no finding.
+    """
 
     name: str
-    truth: tuple[TruthFinding, ...]
+    truth: tuple[TrueFinding, ...]
     result: StudyResult | None  # None: the measurer refused the study
     error: str | None
     matches: tuple[tuple[int, int], ...]
     measurements: tuple[MatchedMeasurement, ...]
     seconds: float
+    annotated: tuple[str, ...] = ("lesion", "vessel")
+    negatives: tuple[TrueFinding, ...] = ()
+
+    def false_and_unjudged(self) -> tuple[int, int]:
+        """(false findings, unjudged findings) among the reports that matched no truth."""
+        if self.result is None:
+            return 0, 0
+        matched = {j for _, j in self.matches}
+        false = unjudged = 0
+        for j, report in enumerate(self.result.findings):
+            if j in matched:
+                continue
+            kind = report.kind.value
+            if kind in self.annotated or any(
+                n.kind == kind
+                and math.hypot(
+                    report.center_lps_mm[0] - n.center_lps_mm[0],
+                    report.center_lps_mm[1] - n.center_lps_mm[1],
+                )
+                <= NEGATIVE_RADIUS_MM
+                and _within_z(n, report.center_lps_mm[2])
+                for n in self.negatives
+            ):
+                false += 1
+            else:
+                unjudged += 1
+        return false, unjudged
+
+    def to_json(self) -> dict[str, Any]:
+        """Per-study summary: truth found, false and unjudged reports, time, refusal."""
+        false, unjudged = self.false_and_unjudged()
+        return {
+            "name": self.name,
+            "refused": self.result is None,
+            "error": self.error,
+            "true_findings": len(self.truth),
+            "found": len(self.matches),
+            "reported": 0 if self.result is None else len(self.result.findings),
+            "false_findings": false,
+            "unjudged_findings": unjudged,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Bland-Altman agreement of one measurement with its truth (predicted - true, mm)."""
+
+    n: int
+    bias_mm: float
+    sd_mm: float
+
+    @property
+    def limits_mm(self) -> tuple[float, float]:
+        """95 % limits of agreement."""
+        return (self.bias_mm - 1.96 * self.sd_mm, self.bias_mm + 1.96 * self.sd_mm)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "bias_mm": self.bias_mm,
+            "sd_mm": self.sd_mm,
+            "limits_mm": list(self.limits_mm),
+        }
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The issue's metrics over a set of held-out studies."""
+    """The metrics over a set of held-out studies (module doc)."""
 
     studies: int
     refused: int
@@ -127,6 +241,10 @@ class Evaluation:
     malformed_find_answers: int
     seconds_median: float
     outcomes: tuple[StudyOutcome, ...] = field(repr=False, default=())
+    recall_by_size: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    agreement: dict[str, Agreement] = field(default_factory=dict)
+    unjudged_findings: int = 0
+    seconds_mean: float = math.nan
 
     @property
     def lesion_recall(self) -> float:
@@ -138,7 +256,8 @@ class Evaluation:
 
     @property
     def false_per_study(self) -> float:
-        return self.false_findings / self.studies if self.studies else math.nan
+        measured = self.studies - self.refused
+        return self.false_findings / measured if measured else math.nan
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,15 +267,26 @@ class Evaluation:
             "lesions_10mm": self.lesions_10mm,
             "vessel_recall": self.vessel_recall,
             "vessels": self.vessels,
+            "recall_by_size": {
+                kind: {
+                    name: {"found": found, "total": total, "recall": found / total}
+                    for name, (found, total) in bins.items()
+                }
+                for kind, bins in self.recall_by_size.items()
+            },
             "false_findings_per_study": self.false_per_study,
+            "false_findings": self.false_findings,
+            "unjudged_findings": self.unjudged_findings,
             "mae_mm": self.mae_mm,
             "counts": self.counts,
+            "bland_altman": {k: v.to_json() for k, v in self.agreement.items()},
             "not_measurable": self.not_measurable,
             "coverage": self.coverage,
             "mean_width_mm": self.mean_width_mm,
             "answers_parsed": self.answers_parsed,
             "malformed_find_answers": self.malformed_find_answers,
             "seconds_median": self.seconds_median,
+            "seconds_mean": self.seconds_mean,
         }
 
 
@@ -167,16 +297,35 @@ def _outcome(study: TrainingStudy, measurer: Measurer) -> StudyOutcome:
     try:
         result = measurer.measure(study.volume, source=study.name)
     except ModelError as error:
-        return StudyOutcome(study.name, study.findings, None, str(error), (), (), 0.0)
+        return StudyOutcome(
+            study.name,
+            study.findings,
+            None,
+            str(error),
+            (),
+            (),
+            0.0,
+            annotated=study.annotated,
+            negatives=study.negatives,
+        )
     seconds = time.perf_counter() - began
     pairs = match_findings(study.findings, result.findings)
     measured = []
     for i, j in pairs:
         truth = _true_values(study.findings[i])
         for m in result.findings[j].measurements:
-            measured.append(MatchedMeasurement(m.name, truth[m.name], m.value_mm, m.range_mm))
+            if m.name in truth:
+                measured.append(MatchedMeasurement(m.name, truth[m.name], m.value_mm, m.range_mm))
     return StudyOutcome(
-        study.name, study.findings, result, None, tuple(pairs), tuple(measured), seconds
+        study.name,
+        study.findings,
+        result,
+        None,
+        tuple(pairs),
+        tuple(measured),
+        seconds,
+        annotated=study.annotated,
+        negatives=study.negatives,
     )
 
 
@@ -196,16 +345,27 @@ def evaluate(
     return summarize(outcomes)
 
 
+def _agreement(differences: Sequence[float]) -> Agreement:
+    values = np.asarray(differences, dtype=np.float64)
+    sd = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+    return Agreement(len(values), float(values.mean()), sd)
+
+
 def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
     """The metrics of already measured studies."""
-    lesions = lesions_found = vessels = vessels_found = false = 0
+    lesions = lesions_found = vessels = vessels_found = false = unjudged = 0
     errors: dict[str, list[float]] = {}
+    differences: dict[str, list[float]] = {}
     inside: dict[str, list[bool]] = {}
     widths: dict[str, list[float]] = {}
+    by_size: dict[str, dict[str, list[int]]] = {}
     missing = total = malformed_find = 0
     for outcome in outcomes:
         matched_truth = {i for i, _ in outcome.matches}
         for i, t in enumerate(outcome.truth):
+            counts = by_size.setdefault(t.kind, {}).setdefault(size_bin(t), [0, 0])
+            counts[0] += i in matched_truth
+            counts[1] += 1
             if t.kind == "vessel":
                 vessels += 1
                 vessels_found += i in matched_truth
@@ -214,7 +374,9 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
                 lesions_found += i in matched_truth
         if outcome.result is None:
             continue
-        false += len(outcome.result.findings) - len(outcome.matches)
+        study_false, study_unjudged = outcome.false_and_unjudged()
+        false += study_false
+        unjudged += study_unjudged
         for warning in outcome.result.warnings:
             if "find answers were malformed" in warning:
                 malformed_find += int(warning.split()[0])
@@ -225,11 +387,16 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
             if m.value_mm is None:
                 continue
             errors.setdefault(m.name.value, []).append(abs(m.value_mm - m.true_mm))
+            differences.setdefault(m.name.value, []).append(m.value_mm - m.true_mm)
             if m.range_mm is not None:
                 low, high = m.range_mm
                 inside.setdefault(m.name.value, []).append(low <= m.true_mm <= high)
                 widths.setdefault(m.name.value, []).append(high - low)
     times = [o.seconds for o in outcomes if o.result is not None]
+    edges = {
+        kind: [size_bin_name(kind, i) for i in range(len(SIZE_BINS[kind]) - 1)]
+        for kind in SIZE_BINS
+    }
     return Evaluation(
         studies=len(outcomes),
         refused=sum(o.result is None for o in outcomes),
@@ -247,6 +414,17 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
         malformed_find_answers=malformed_find,
         seconds_median=float(np.median(times)) if times else math.nan,
         outcomes=tuple(outcomes),
+        recall_by_size={
+            kind: {
+                name: (by_size[kind][name][0], by_size[kind][name][1])
+                for name in edges[kind]
+                if name in by_size[kind]
+            }
+            for kind in sorted(by_size)
+        },
+        agreement={k: _agreement(v) for k, v in sorted(differences.items())},
+        unjudged_findings=unjudged,
+        seconds_mean=float(np.mean(times)) if times else math.nan,
     )
 
 

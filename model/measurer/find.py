@@ -39,7 +39,7 @@ from model.measurer.tasks import FoundFinding, find_answer, find_prompt
 from model.measurer.voting import shift_planes
 
 if TYPE_CHECKING:
-    from ingestion.phantoms import TruthFinding
+    from ingestion.dataset.format import TrueFinding
     from ingestion.prepare import PrepareConfig, PreparedVolume
     from ingestion.volume import Volume
 
@@ -144,7 +144,7 @@ def find_frames(windows: torch.Tensor, inputs: FindInputs) -> torch.Tensor:
     return torch.stack((content, second), dim=1).contiguous()  # (S, 2, 3, H, W)
 
 
-def _cross_section_scale(finding: TruthFinding, plane_z: float, half_slab: float) -> float:
+def _cross_section_scale(finding: TrueFinding, plane_z: float, half_slab: float) -> float:
     """Linear size of the lesion's largest cross-section inside the slab, relative to the
     central one (0 when the slab misses it)."""
     assert finding.cc_extent_mm is not None
@@ -153,7 +153,7 @@ def _cross_section_scale(finding: TruthFinding, plane_z: float, half_slab: float
     return math.sqrt(1.0 - ratio * ratio) if ratio < 1.0 else 0.0
 
 
-def _half_extents(finding: TruthFinding, scale: float) -> tuple[float, float]:
+def _half_extents(finding: TrueFinding, scale: float) -> tuple[float, float]:
     """(along y, along x) half-extents in mm of the finding's axial cross-section."""
     if finding.kind == "vessel":
         assert finding.diameter_mm is not None
@@ -169,7 +169,7 @@ def _half_extents(finding: TruthFinding, scale: float) -> tuple[float, float]:
 
 
 def plane_labels(
-    findings: Sequence[TruthFinding], prepared: PreparedVolume
+    findings: Sequence[TrueFinding], prepared: PreparedVolume
 ) -> list[list[FoundFinding]]:
     """The findings visible on each prepared plane (module doc), in reading order."""
     geometry = prepared.geometry
@@ -234,7 +234,7 @@ class FindPlane:
 
 def find_planes(
     volume: Volume,
-    findings: Sequence[TruthFinding],
+    findings: Sequence[TrueFinding],
     inputs: FindInputs,
     rng: np.random.Generator,
     *,

@@ -3,7 +3,10 @@
 A :class:`StudySource` gives numbered training studies (a volume and its true findings):
 :class:`PhantomSource` generates phantoms on the fly (study ``i`` from ``study_seed(seed, i)``,
 the seeds ``radcaliper phantoms`` uses), :class:`FolderSource` reads the studies that
-``radcaliper phantoms`` wrote (DICOM series plus ``truth.json``).
+``radcaliper phantoms`` wrote (DICOM series plus ``truth.json``), :class:`DatasetSource` the
+studies of a dataset folder (``ingestion.dataset``: masks, SEG, SR, reviews, phantoms), and
+:class:`MixedSource` draws each study from one of several sources by weight
+(``radcaliper train --dataset DIR:3,phantoms:1``).
 
 :class:`StudyPool` keeps, for the most recent studies, what training draws from: per finding a
 small float16 patch (measure crops are cut fresh, with a new jitter, every time they are drawn)
@@ -29,7 +32,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ingestion.errors import ConfigurationError
+from ingestion.dataset.format import Dataset, Label, TrueFinding, read_dataset
+from ingestion.errors import ConfigurationError, IngestionError
 from ingestion.phantoms import PhantomSpec, TruthFinding, generate_phantom, study_seed
 from ingestion.volume import Volume
 from model.measurer.data import (
@@ -40,18 +44,23 @@ from model.measurer.data import (
     PointExample,
     background_patches,
     finding_patches,
+    negative_patches,
     phantom_volume,
 )
 from model.measurer.find import FindExample, FindInputs, FindPlane, find_planes
 from model.measurer.images import SIDE_MULTIPLE
 
 __all__ = [
+    "DatasetSource",
     "FolderSource",
+    "MixedSource",
     "PhantomSource",
     "PoolEntry",
     "StudyPool",
     "StudySource",
     "TrainingStudy",
+    "load_dataset_volume",
+    "parse_sources",
     "read_truth",
 ]
 
@@ -60,11 +69,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, eq=False)
 class TrainingStudy:
-    """A volume and its true findings."""
+    """A volume and its true findings.
+
+    Args:
+        volume: the image.
+        findings: the true findings (``negatives`` excluded).
+        name: for reports (a path or "phantom 12").
+        negatives: places a reviewer said hold no finding (evaluation counts a report there as
+            false; training does not use them yet).
+        annotated: the kinds annotated exhaustively (a report of another kind is unjudged).
+    """
 
     volume: Volume
-    findings: tuple[TruthFinding, ...]
+    findings: tuple[TrueFinding, ...]
     name: str
+    negatives: tuple[TrueFinding, ...] = ()
+    annotated: tuple[str, ...] = ("lesion", "vessel")
 
 
 class StudySource(Protocol):
@@ -128,6 +148,187 @@ class FolderSource:
 
     def describe(self) -> dict[str, object]:
         return {"source": "folder", "path": str(self.root), "studies": len(self.folders)}
+
+
+def load_dataset_volume(dataset: Dataset, series_instance_uid: str) -> Volume:
+    """Load the image of one series of ``dataset``.
+
+    Raises:
+        IngestionError: the image is missing, unreadable or no longer holds that series (a file
+            changed since the import), named with its path.
+    """
+    from ingestion.load import load_path
+    from ingestion.volume import Modality
+
+    study = dataset.study(series_instance_uid)
+    path = study.image.resolve(dataset.root)
+    if not path.exists():
+        raise IngestionError(
+            f"{path}: the image of series {series_instance_uid} is missing; the dataset "
+            f"{dataset.root} refers to it (import it again where the images are)"
+        )
+    modality = Modality(study.image.modality) if study.image.modality in ("CT", "MR") else None
+    result = load_path(path, nifti_modality=modality)
+    for volume in result.volumes:
+        if volume.identifiers.series_instance_uid == series_instance_uid:
+            return volume
+    reasons = "; ".join(f"{r.path}: {r.reason}" for r in result.rejected[:3])
+    raise IngestionError(
+        f"{path}: holds no series {series_instance_uid} any more"
+        + (f" ({reasons})" if reasons else "")
+        + "; the file changed since the import: import it again"
+    )
+
+
+class DatasetSource:
+    """The series of a dataset folder (``ingestion.dataset``), in sorted order, repeated
+    cyclically; the last few volumes loaded are kept in memory.
+
+    Args:
+        root: the dataset folder.
+        series: only these series UIDs (a split), in this order; default: all.
+        cache: volumes kept in memory.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        series: Sequence[str] | None = None,
+        cache: int = 4,
+    ) -> None:
+        self.root = Path(root)
+        self.dataset = read_dataset(self.root)
+        self.series = list(series) if series is not None else self.dataset.series()
+        if not self.series:
+            raise ConfigurationError(
+                f"{self.root} holds no study; add some with 'radcaliper dataset import'"
+            )
+        self.cache = cache
+        self._volumes: OrderedDict[str, Volume] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.series)
+
+    def _volume(self, uid: str) -> Volume:
+        if uid in self._volumes:
+            self._volumes.move_to_end(uid)
+            return self._volumes[uid]
+        volume = load_dataset_volume(self.dataset, uid)
+        self._volumes[uid] = volume
+        while len(self._volumes) > self.cache:
+            self._volumes.popitem(last=False)
+        return volume
+
+    def study(self, index: int) -> TrainingStudy:
+        uid = self.series[index % len(self.series)]
+        entry = self.dataset.study(uid)
+        rows = self.dataset.findings_of(uid)
+        return TrainingStudy(
+            self._volume(uid),
+            tuple(r for r in rows if r.label is Label.FINDING),
+            entry.image.path,
+            negatives=tuple(r for r in rows if r.label is Label.NEGATIVE),
+            annotated=entry.annotated,
+        )
+
+    def describe(self) -> dict[str, object]:
+        sources = sorted(
+            {f"{s.provenance.source.value} {s.provenance.path}" for s in self.dataset.studies}
+        )
+        return {
+            "source": "dataset",
+            "path": str(self.root.resolve()),
+            "studies": len(self.series),
+            "findings": sum(len(self.dataset.findings_of(uid)) for uid in self.series),
+            "inputs": sources,
+            "licences": list(self.licences),
+        }
+
+    @property
+    def licences(self) -> tuple[str, ...]:
+        """The licences of the series used (``train`` warns of non-commercial ones)."""
+        chosen = set(self.series)
+        return tuple(
+            sorted(
+                {
+                    s.provenance.licence
+                    for s in self.dataset.studies
+                    if s.series_instance_uid in chosen
+                }
+            )
+        )
+
+
+class MixedSource:
+    """Each study drawn from one of several sources with probability proportional to its
+    weight: study ``i`` picks its source with ``numpy.random.default_rng([seed, i])`` and is that
+    source's next study (so ``study(i)`` is a pure function of ``i``)."""
+
+    def __init__(self, parts: Sequence[tuple[StudySource, float]], seed: int) -> None:
+        if not parts:
+            raise ConfigurationError("no training source given")
+        weights = np.array([w for _, w in parts], dtype=np.float64)
+        if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+            raise ConfigurationError(f"source weights must be > 0, got {weights.tolist()}")
+        self.parts = [source for source, _ in parts]
+        self.weights = weights / weights.sum()
+        self.seed = seed
+        self._choices: list[int] = []
+
+    def _choice(self, index: int) -> int:
+        while len(self._choices) <= index:
+            rng = np.random.default_rng([self.seed, len(self._choices)])
+            self._choices.append(int(rng.choice(len(self.parts), p=self.weights)))
+        return self._choices[index]
+
+    def study(self, index: int) -> TrainingStudy:
+        part = self._choice(index)
+        within = sum(1 for i in range(index) if self._choice(i) == part)
+        return self.parts[part].study(within)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "source": "mixed",
+            "parts": [
+                {"weight": float(w), **source.describe()}
+                for source, w in zip(self.parts, self.weights, strict=True)
+            ],
+        }
+
+
+def parse_sources(spec: str, seed: int) -> StudySource:
+    """``DIR[:weight],...`` (``radcaliper train --dataset``) as a study source: each DIR a
+    dataset folder, or ``phantoms`` for phantoms generated on the fly from ``seed``; weights
+    default to 1. One part without a weight is that source itself.
+
+    Raises:
+        ConfigurationError: an empty part, a weight that is not a positive number, or a folder
+            that is not a dataset.
+    """
+    parts: list[tuple[StudySource, float]] = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise ConfigurationError(f"--dataset {spec!r}: an empty entry; give DIR[:weight],...")
+        name, weight = item, 1.0
+        head, sep, tail = item.rpartition(":")
+        if sep and head:
+            try:
+                weight = float(tail)
+            except ValueError:
+                pass
+            else:
+                name = head
+                if not (math.isfinite(weight) and weight > 0):
+                    raise ConfigurationError(f"--dataset {item!r}: the weight must be > 0")
+        source: StudySource = (
+            PhantomSource(seed) if name == "phantoms" else DatasetSource(Path(name))
+        )
+        parts.append((source, weight))
+    if len(parts) == 1:
+        return parts[0][0]
+    return MixedSource(parts, seed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,22 +417,36 @@ class StudyPool:
                 self.on_study(index)
 
     def _entry(self, index: int) -> PoolEntry:
+        """One study's material. Find planes and background patches say "nothing here" about
+        everything not annotated, so they come only from studies annotated exhaustively for
+        both kinds (phantoms, label maps of lesions and vessels); a reviewer's negative
+        example is a background patch of its own wherever it comes from."""
         study = self.source.study(index)
         rng = np.random.default_rng([self.seed, index])
         patches = finding_patches(
             study.volume, study.findings, self.measure_inputs, click_fraction=self.click_fraction
         )
-        planes = find_planes(
-            study.volume, study.findings, self.find_inputs, rng, planes=self.planes_per_study
+        complete = {"lesion", "vessel"} <= set(study.annotated)
+        planes = (
+            find_planes(
+                study.volume, study.findings, self.find_inputs, rng, planes=self.planes_per_study
+            )
+            if complete
+            else []
         )
-        background = background_patches(
-            study.volume,
-            study.findings,
-            self.measure_inputs,
-            rng,
-            count=self.background_per_study,
-            near_fraction=self.near_background_fraction,
+        background = (
+            background_patches(
+                study.volume,
+                study.findings,
+                self.measure_inputs,
+                rng,
+                count=self.background_per_study,
+                near_fraction=self.near_background_fraction,
+            )
+            if complete
+            else []
         )
+        background += negative_patches(study.volume, study.negatives, self.measure_inputs)
         return PoolEntry(tuple(patches), tuple(background), tuple(planes))
 
     @property
@@ -275,8 +490,11 @@ class StudyPool:
 
     def find_examples(self, n: int, rng: np.random.Generator) -> list[FindExample]:
         """``n`` find planes drawn uniformly from the pool, each with its content shifted by
-        up to ``find_shift_px`` pixels along rows and columns (uniform, whole pixels)."""
+        up to ``find_shift_px`` pixels along rows and columns (uniform, whole pixels); none
+        while no study of the pool is annotated exhaustively (``_entry``)."""
         planes = self.planes
+        if not planes:
+            return []
         out = []
         for i in _draw(rng, len(planes), n):
             shift = (0, 0)

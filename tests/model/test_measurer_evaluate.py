@@ -60,15 +60,18 @@ def reported(kind: str, x: float, *values: float | None, z: float = 0.0) -> Stud
     return StudyFinding(0, FindingKind(kind), (x, 0.0, z), 0, measurements)
 
 
-def test_matching_uses_the_spec_radius_in_the_axial_plane_only() -> None:
+def test_matching_uses_the_spec_radius_in_the_plane_and_the_lesion_z_extent() -> None:
     truth = [lesion(0.0, long_mm=40.0), lesion(100.0, long_mm=12.0), vessel(200.0)]
     found = [
-        reported("lesion", 19.0, 40.0, 20.0, z=50.0),  # within half the long axis (20 mm)
+        reported("lesion", 19.0, 40.0, 20.0, z=9.5),  # within half the long axis (20 mm)
         reported("lesion", 111.0, 12.0, 6.0),  # 11 mm > max(10, 6): missed
         reported("lesion", 200.0, 20.0, 10.0),  # a lesion where the vessel is: wrong kind
-        reported("vessel", 205.0, 20.0),
+        reported("vessel", 205.0, 20.0, z=80.0),  # a vessel has no z extent here
     ]
-    assert match_findings(truth, found) == [(2, 3), (0, 0)]
+    assert sorted(match_findings(truth, found)) == [(0, 0), (2, 3)]
+    # the 40 mm lesion spans z -10..10 (cc extent 20 mm): a report at z = 10.5 is elsewhere
+    beyond = [reported("lesion", 0.0, 40.0, 20.0, z=10.5)]
+    assert match_findings(truth, beyond) == []
 
 
 def test_each_finding_matches_once_nearest_first() -> None:
@@ -122,7 +125,8 @@ def test_summary_counts_recall_false_findings_errors_and_coverage() -> None:
     assert (evaluation.studies, evaluation.refused) == (3, 1)
     assert (evaluation.lesions_10mm, evaluation.lesions_10mm_found) == (3, 2)  # 8 mm not counted
     assert (evaluation.vessels, evaluation.vessels_found) == (2, 1)
-    assert evaluation.false_findings == 1 and evaluation.false_per_study == pytest.approx(1 / 3)
+    # per measured study: the refused one reported nothing
+    assert evaluation.false_findings == 1 and evaluation.false_per_study == pytest.approx(1 / 2)
     assert evaluation.mae_mm == {"diameter": 0.5, "long_axis": 1.5, "short_axis": 0.5}
     assert evaluation.counts == {"diameter": 1, "long_axis": 2, "short_axis": 1}
     assert evaluation.coverage["long_axis"] == 0.5 and evaluation.coverage["diameter"] == 1.0
@@ -139,3 +143,55 @@ def test_summary_counts_recall_false_findings_errors_and_coverage() -> None:
     )
     empty = summarize([])
     assert math.isnan(empty.lesion_recall) and math.isnan(empty.seconds_median)
+
+
+def test_unmatched_reports_are_false_only_where_their_kind_was_annotated_or_rejected() -> None:
+    truth = [lesion(0.0, 30.0)]
+    found = [
+        reported("lesion", 0.0, 30.0, 15.0),
+        reported("lesion", 100.0, 20.0, 10.0),  # a lesion nobody annotated: lesions annotated
+        reported("vessel", 200.0, 20.0),  # vessels not annotated, no negative: unjudged
+        reported("vessel", -200.0, 25.0),  # 4 mm from a rejected vessel: false
+    ]
+    result = StudyResult("1.2", "1.2.3", "P", "x", ModelInfo("m", "1", "rned_corr"), tuple(found))
+    negative = vessel(-204.0)
+    outcome = StudyOutcome(
+        "s",
+        tuple(truth),
+        result,
+        None,
+        tuple(match_findings(truth, found)),
+        (),
+        1.0,
+        annotated=("lesion",),
+        negatives=(negative,),
+    )
+    assert outcome.false_and_unjudged() == (2, 1)
+    evaluation = summarize([outcome])
+    assert (evaluation.false_findings, evaluation.unjudged_findings) == (2, 1)
+    assert evaluation.to_json()["unjudged_findings"] == 1
+
+
+def test_recall_by_size_bin_and_bland_altman() -> None:
+    outcome = _outcome(
+        [lesion(0.0, 8.0), lesion(100.0, 15.0), lesion(200.0, 50.0), vessel(300.0, 25.0)],
+        [
+            reported("lesion", 100.0, 17.0, 7.5),
+            reported("lesion", 200.0, 48.0, 25.0),
+            reported("vessel", 300.0, 26.0),
+        ],
+    )
+    evaluation = summarize([outcome])
+    assert evaluation.recall_by_size == {
+        "lesion": {"< 10 mm": (0, 1), "10-20 mm": (1, 1), ">= 40 mm": (1, 1)},
+        "vessel": {"20-30 mm": (1, 1)},
+    }
+    agreement = evaluation.agreement["long_axis"]
+    assert (agreement.n, agreement.bias_mm) == (2, 0.0)  # +2 and -2
+    assert agreement.sd_mm == pytest.approx(math.sqrt(8.0))
+    assert agreement.limits_mm == pytest.approx((-1.96 * math.sqrt(8.0), 1.96 * math.sqrt(8.0)))
+    assert evaluation.agreement["diameter"].n == 1
+    assert math.isnan(evaluation.agreement["diameter"].sd_mm)
+    table = evaluation.to_json()
+    assert table["recall_by_size"]["lesion"]["10-20 mm"] == {"found": 1, "total": 1, "recall": 1.0}
+    assert table["bland_altman"]["long_axis"]["n"] == 2

@@ -1,0 +1,239 @@
+"""``radcaliper dataset``: import annotations into a dataset folder, and show what one holds.
+
+``radcaliper dataset import SOURCE OUT --from KIND`` turns one input into rows of the dataset
+format (``ingestion.dataset.format``) and adds them to OUT, replacing the rows of an earlier
+import of the same input. What could not be imported is one line each (file, item, reason) on
+stderr and in OUT/import_report.jsonl; the rest imports. Exit 0: everything imported; 1: some
+items were skipped; 2: nothing could be imported.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from app.console import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, err, out, safe, settings_of
+
+if TYPE_CHECKING:
+    from ingestion.dataset.format import Dataset, ImportResult
+
+__all__ = ["dataset_app"]
+
+dataset_app = typer.Typer(
+    help="Datasets of true findings from label maps, DICOM SEG, DICOM SR, reviews and phantoms "
+    "(what train, calibrate and evaluate read).",
+    no_args_is_help=True,
+)
+
+
+class SourceKind(enum.StrEnum):
+    """What SOURCE is (``--from``)."""
+
+    MASKS = "masks"
+    SEG = "seg"
+    SR = "sr"
+    STORE = "store"
+    PHANTOMS = "phantoms"
+
+
+def _run_import(
+    kind: SourceKind,
+    source: str,
+    *,
+    image: Path | None,
+    images: Path | None,
+    labels: Path | None,
+    annotator: str | None,
+    licence: str | None,
+    modality: str | None,
+) -> ImportResult:
+    """Call the importer of ``kind`` (each imports its libraries when called)."""
+    if kind is SourceKind.STORE:
+        from app.dataset_store import import_store
+
+        return import_store(source, **({"licence": licence} if licence else {}))
+    path = Path(source)
+    if not path.exists():
+        from ingestion.errors import ConfigurationError
+
+        raise ConfigurationError(f"{path}: no such file or folder")
+    if kind is SourceKind.MASKS:
+        from ingestion.dataset.masks import import_masks
+
+        return import_masks(
+            path,
+            image=image,
+            label_file=labels,
+            annotator=annotator or "unknown",
+            licence=licence or "unknown",
+            modality=modality,
+        )
+    if kind is SourceKind.SEG:
+        from ingestion.dataset.seg import import_seg
+
+        return import_seg(
+            path,
+            images=images,
+            label_file=labels,
+            annotator=annotator,
+            licence=licence or "unknown",
+        )
+    if kind is SourceKind.SR:
+        from ingestion.dataset.sr import import_sr
+
+        return import_sr(path, images=images, annotator=annotator, licence=licence or "unknown")
+    from ingestion.dataset.phantoms import import_phantoms
+
+    return import_phantoms(path, **({"licence": licence} if licence else {}))
+
+
+@dataset_app.command("import")
+def import_command(
+    ctx: typer.Context,
+    source: Annotated[
+        str,
+        typer.Argument(
+            metavar="SOURCE",
+            help="What to import: a label map or a folder of image/label pairs (masks), a SEG "
+            "or SR file or folder, a database URL (store; 'default' for the app's database), "
+            "or a 'radcaliper phantoms' folder.",
+        ),
+    ],
+    out_dir: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The dataset folder (made if missing).")
+    ],
+    kind: Annotated[
+        SourceKind, typer.Option("--from", help="What SOURCE is.", case_sensitive=False)
+    ],
+    image: Annotated[
+        Path | None,
+        typer.Option(
+            "--image", help="masks: the image a single label map annotates (DICOM folder, NIfTI)."
+        ),
+    ] = None,
+    images: Annotated[
+        Path | None,
+        typer.Option("--images", help="seg, sr: the folder holding the referenced series."),
+    ] = None,
+    labels: Annotated[
+        Path | None,
+        typer.Option(
+            "--labels",
+            help="masks, seg: JSON saying which labels are lesions and which vessels, e.g. "
+            '{"1": "lesion", "52": "aorta"} (README "Datasets").',
+        ),
+    ] = None,
+    annotator: Annotated[
+        str | None, typer.Option("--annotator", help="Who made the annotations.")
+    ] = None,
+    licence: Annotated[
+        str | None, typer.Option("--licence", help="The annotations' licence or terms of use.")
+    ] = None,
+    modality: Annotated[
+        str | None,
+        typer.Option("--modality", help="masks: CT or MR for NIfTI images (NIfTI has no tag)."),
+    ] = None,
+) -> None:
+    """Import annotations into the dataset folder OUT.
+
+    Importing the same input again replaces its rows and gives the same rows; other inputs' rows
+    are kept. Items that cannot be used (a label map on another grid, a truncated lesion, an SR
+    group without a usable measurement, ...) are listed with the reason; the rest imports.
+    """
+    from ingestion.dataset.format import write_import
+    from ingestion.errors import RadcaliperError
+
+    if modality is not None and modality.upper() not in ("CT", "MR"):
+        err.print(f"[red]error:[/red] --modality {modality!r}: use CT or MR", highlight=False)
+        raise typer.Exit(EXIT_NOTHING)
+    if kind is SourceKind.STORE and source == "default":
+        source = settings_of(ctx).effective_database_url
+    try:
+        result = _run_import(
+            kind,
+            source,
+            image=image,
+            images=images,
+            labels=labels,
+            annotator=annotator,
+            licence=licence,
+            modality=modality.upper() if modality else None,
+        )
+        dataset = write_import(out_dir, [result])
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    for skipped in result.skipped:
+        err.print(f"[yellow]skipped[/yellow] {safe(skipped.line())}", highlight=False)
+    kinds = Counter(f"{f.kind} ({f.label.value})" for f in result.findings)
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no finding"
+    out.print(
+        f"Imported {len(result.studies)} series, {summary} from {safe(result.path)} into "
+        f"{safe(out_dir)} ({len(result.skipped)} skipped); the dataset holds "
+        f"{len(dataset.series())} series, {len(dataset.findings)} rows",
+        highlight=False,
+    )
+    if not result.findings and not result.studies:
+        raise typer.Exit(EXIT_NOTHING)
+    raise typer.Exit(EXIT_PARTIAL if result.skipped else EXIT_OK)
+
+
+def _summary_table(dataset: Dataset) -> Table:
+    table = Table(title=f"Dataset {dataset.root}")
+    for column in ("source", "input", "series", "lesions", "vessels", "negatives", "skipped"):
+        table.add_column(column)
+    inputs = sorted(
+        {(s.provenance.source.value, s.provenance.path) for s in dataset.studies}
+        | {(s.source.value, s.path) for s in dataset.skipped}
+    )
+    for source, path in inputs:
+        rows = [
+            f
+            for f in dataset.findings
+            if (f.provenance.source.value, f.provenance.path) == (source, path)
+        ]
+        table.add_row(
+            source,
+            safe(path),
+            str(
+                len(
+                    {
+                        s.series_instance_uid
+                        for s in dataset.studies
+                        if (s.provenance.source.value, s.provenance.path) == (source, path)
+                    }
+                )
+            ),
+            str(sum(f.kind == "lesion" and f.label.value == "finding" for f in rows)),
+            str(sum(f.kind == "vessel" and f.label.value == "finding" for f in rows)),
+            str(sum(f.label.value == "negative" for f in rows)),
+            str(sum((s.source.value, s.path) == (source, path) for s in dataset.skipped)),
+        )
+    return table
+
+
+@dataset_app.command("show")
+def show_command(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="A dataset folder.")],
+    skipped: Annotated[
+        bool, typer.Option("--skipped", help="Also list every item that was not imported.")
+    ] = False,
+) -> None:
+    """What a dataset holds, per input: series, lesions, vessels, negative examples, skipped."""
+    from ingestion.dataset.format import read_dataset
+    from ingestion.errors import RadcaliperError
+
+    try:
+        dataset = read_dataset(root)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    out.print(_summary_table(dataset))
+    if skipped:
+        for item in dataset.skipped:
+            out.print(f"skipped {safe(item.line())}", highlight=False)

@@ -1,0 +1,119 @@
+"""``radcaliper dataset import|show`` and the commands that read datasets: ``evaluate
+--dataset``, ``train --dataset`` (mixed with phantoms) and ``calibrate --dataset``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from app.cli_model import DATASET_BEGIN, DATASET_END
+from ingestion.dataset.format import read_dataset
+from ingestion.phantoms import write_phantoms
+from model.measurer.checkpoint import SETTINGS_NAME
+from tests.measurer_helpers import TINY
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def phantoms(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli-dataset") / "phantoms"
+    write_phantoms(root, n=2, seed=8202)
+    return root
+
+
+def test_import_is_idempotent_and_show_lists_it(phantoms: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    first = runner.invoke(app, ["dataset", "import", str(phantoms), str(out), "--from", "phantoms"])
+    assert first.exit_code == 0, first.output
+    assert "Imported 2 series, 4 lesion (finding), 2 vessel (finding)" in first.output
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = runner.invoke(app, ["dataset", "import", str(phantoms), str(out), "--from", "phantoms"])
+    assert again.exit_code == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files  # same rows, byte for byte
+    shown = runner.invoke(app, ["dataset", "show", str(out)])
+    assert shown.exit_code == 0 and "phantoms" in shown.output
+    assert len(read_dataset(out).findings) == 6
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    missing = runner.invoke(
+        app, ["dataset", "import", str(tmp_path / "nope"), str(tmp_path / "ds"), "--from", "sr"]
+    )
+    assert missing.exit_code == 2 and "no such file or folder" in missing.output
+    wrong = runner.invoke(app, ["dataset", "import", str(tmp_path), str(tmp_path), "--from", "x"])
+    assert wrong.exit_code == 2 and "masks" in wrong.output  # the choices
+    not_dataset = runner.invoke(app, ["dataset", "show", str(tmp_path)])
+    assert not_dataset.exit_code == 2 and "not a radcaliper dataset" in not_dataset.output
+    assert "Traceback" not in not_dataset.output
+
+
+def test_evaluate_train_and_calibrate_read_a_dataset(phantoms: Path, tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    runner.invoke(app, ["dataset", "import", str(phantoms), str(data), "--from", "phantoms"])
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# R\n\n{DATASET_BEGIN}\nold\n{DATASET_END}\nafter\n")
+    evaluated = runner.invoke(
+        app, ["evaluate", "--dataset", str(data), "--results-md", str(results)]
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    out = data / "evaluation"
+    folder = next(out.iterdir())  # MODEL-VERSION
+    assert folder.name.startswith("radcaliper-demo-")
+    summary = json.loads((folder / "evaluation.json").read_text())
+    assert summary["model"]["not_for_clinical_use"] is True
+    assert summary["summary"]["studies"] == 2 and len(summary["studies"]) == 2
+    assert summary["summary"]["vessels"] == 2
+    assert {"bland_altman", "recall_by_size", "coverage", "answers_parsed"} <= set(
+        summary["summary"]
+    )
+    assert {p.name for p in folder.iterdir()} >= {
+        "evaluation.md",
+        "agreement.png",
+        "predicted_vs_true.png",
+    }
+    text = results.read_text()
+    assert "old" not in text and "| lesions >= 10 mm found |" in text and "after" in text
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY.to_json()))
+    model = tmp_path / "model"
+    trained = runner.invoke(
+        app, ["train", str(model), "--config", str(config), "--dataset", f"{data}:2,phantoms:1"]
+    )
+    assert trained.exit_code == 0, trained.output
+    source = json.loads((model / SETTINGS_NAME).read_text())["training"]["source"]
+    assert source["source"] == "mixed"
+    assert [p["source"] for p in source["parts"]] == ["dataset", "phantoms"]
+    assert source["parts"][0]["path"] == str(data.resolve())
+    both = runner.invoke(
+        app, ["train", str(model), "--dataset", str(data), "--phantoms", str(phantoms)]
+    )
+    assert both.exit_code == 2 and "not both" in both.output
+    bad = runner.invoke(app, ["train", str(model), "--dataset", f"{data}:zero:0"])
+    assert bad.exit_code == 2 and "weight must be > 0" in bad.output
+
+    restricted = tmp_path / "nc"
+    runner.invoke(
+        app,
+        [
+            *("dataset", "import", str(phantoms), str(restricted)),
+            *("--from", "phantoms", "--licence", "CC BY-NC 3.0"),
+        ],
+    )
+    warned = runner.invoke(
+        app,
+        [
+            *("train", str(tmp_path / "m2"), "--config", str(config), "--steps", "1"),
+            *("--dataset", f"{restricted},phantoms"),
+        ],
+    )
+    assert warned.exit_code == 0, warned.output
+    assert "training data under 'CC BY-NC 3.0'" in warned.output
+
+    untrained = runner.invoke(app, ["calibrate", str(model), "--dataset", str(data)])
+    assert untrained.exit_code == 2 and "nothing to calibrate against" in untrained.output
