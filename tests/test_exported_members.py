@@ -9,6 +9,7 @@ import pytest
 PACKAGES = [
     "app",
     "ingestion",
+    "ingestion.dataset",
     "model",
     "model.numeric",
     "model.circle_rope",
@@ -25,7 +26,15 @@ def test_all_names_resolve(name: str) -> None:
         assert getattr(module, member) is not None, f"{name}.{member}"
 
 
-LAZY_PACKAGES = ["ingestion", "model", "model.numeric", "model.circle_rope", "model.measurer", "db"]
+LAZY_PACKAGES = [
+    "ingestion",
+    "ingestion.dataset",
+    "model",
+    "model.numeric",
+    "model.circle_rope",
+    "model.measurer",
+    "db",
+]
 
 
 @pytest.mark.parametrize("name", LAZY_PACKAGES)

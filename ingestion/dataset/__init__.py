@@ -29,6 +29,11 @@ if TYPE_CHECKING:
         read_dataset,
         write_import,
     )
+    from ingestion.dataset.masks import findings_from_labels, import_masks, read_label_file
+    from ingestion.dataset.phantoms import import_phantoms
+    from ingestion.dataset.recist import LesionAxes, VesselSection, lesion_axes, vessel_sections
+    from ingestion.dataset.seg import import_seg
+    from ingestion.dataset.sr import import_sr
 
 _SOURCES = {
     "ingestion.dataset.format": (
@@ -48,6 +53,20 @@ _SOURCES = {
         "read_dataset",
         "write_import",
     ),
+    "ingestion.dataset.masks": (
+        "findings_from_labels",
+        "import_masks",
+        "read_label_file",
+    ),
+    "ingestion.dataset.phantoms": ("import_phantoms",),
+    "ingestion.dataset.recist": (
+        "LesionAxes",
+        "VesselSection",
+        "lesion_axes",
+        "vessel_sections",
+    ),
+    "ingestion.dataset.seg": ("import_seg",),
+    "ingestion.dataset.sr": ("import_sr",),
 }
 __all__ = [
     "FORMAT_NAME",
@@ -58,12 +77,22 @@ __all__ = [
     "ImageRef",
     "ImportResult",
     "Label",
+    "LesionAxes",
     "Provenance",
     "Skipped",
     "SourceType",
     "TrueFinding",
+    "VesselSection",
     "finding_id",
+    "findings_from_labels",
+    "import_masks",
+    "import_phantoms",
+    "import_seg",
+    "import_sr",
+    "lesion_axes",
     "read_dataset",
+    "read_label_file",
+    "vessel_sections",
     "write_import",
 ]
 

@@ -117,3 +117,51 @@ def test_evaluate_train_and_calibrate_read_a_dataset(phantoms: Path, tmp_path: P
 
     untrained = runner.invoke(app, ["calibrate", str(model), "--dataset", str(data)])
     assert untrained.exit_code == 2 and "nothing to calibrate against" in untrained.output
+
+
+def test_sr_round_trip_through_a_dataset_gives_back_the_srs_values(
+    phantoms: Path, tmp_path: Path
+) -> None:
+    """measure -> store -> export-sr -> dataset import --from sr -> evaluate --dataset: the
+    same model measuring the same study again matches every finding of its own SR, with its
+    values (the SR carries them exactly)."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    dicom = phantoms / "phantom_0000" / "dicom"
+    measured = runner.invoke(app, ["measure", str(dicom), "--db", url, "--json"])
+    assert measured.exit_code == 0, measured.output
+    result = json.loads(measured.stdout)
+    exported = runner.invoke(
+        app, ["export-sr", result["study_instance_uid"], str(tmp_path / "sr"), "--db", url]
+    )
+    assert exported.exit_code == 0, exported.output
+    data = tmp_path / "ds"
+    imported = runner.invoke(
+        app,
+        [
+            "dataset",
+            "import",
+            str(tmp_path / "sr"),
+            str(data),
+            "--from",
+            "sr",
+            "--images",
+            str(dicom),
+        ],
+    )
+    assert imported.exit_code == 0, imported.output
+    rows = read_dataset(data).findings
+    values = sorted(
+        m["value_mm"] for f in result["findings"] for m in f["measurements"] if m["value_mm"]
+    )
+    assert sorted(
+        v for r in rows for v in (r.long_axis_mm, r.short_axis_mm, r.diameter_mm) if v
+    ) == pytest.approx(values, abs=1e-9)
+    evaluated = runner.invoke(
+        app, ["evaluate", "--dataset", str(data), "--out", str(tmp_path / "e")]
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    summary = json.loads((tmp_path / "e" / "evaluation.json").read_text())["summary"]
+    assert summary["lesions_10mm"] + summary["vessels"] == len(rows) == len(result["findings"])
+    assert summary["lesion_recall_10mm"] in (1.0, None) and summary["vessel_recall"] in (1.0, None)
+    assert all(mae == pytest.approx(0.0, abs=1e-6) for mae in summary["mae_mm"].values())
+    assert summary["false_findings"] == 0 and summary["unjudged_findings"] == 0

@@ -48,8 +48,9 @@ def test_dataset_source_loads_each_series_with_its_truth(dataset: Path) -> None:
     assert described["studies"] == 3 and described["path"] == str(dataset.resolve())
     assert source.licences == ("synthetic (radcaliper phantoms): no restriction",)
     only = DatasetSource(dataset, series=source.series[1:2])
-    assert len(only) == 1 and only.study(0).volume.identifiers.series_instance_uid == (
-        source.series[1]
+    assert (
+        len(only) == 1
+        and only.study(0).volume.identifiers.series_instance_uid == (source.series[1])
     )
 
 

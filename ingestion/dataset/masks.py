@@ -1,0 +1,703 @@
+"""Import image + label map pairs (NIfTI or NRRD label maps) as dataset rows.
+
+A label map gives each voxel a label value; a label file says which values are lesions and which
+are vessels (:func:`read_label_file`). From them:
+
+- **lesions**: each 3-D connected component (26-connectivity: voxels touching by a face, edge or
+  corner are one lesion) of a lesion label is one finding, measured by
+  :func:`ingestion.dataset.recist.lesion_axes`. Components are numbered 1, 2, ... in the order of
+  their first voxel in (slice, row, column) order;
+- **vessels**: per vessel label, its largest 3-D connected component (26-connectivity; smaller
+  pieces are left out, with a log line) gives ONE finding: its cross-section of largest diameter
+  (:func:`ingestion.dataset.recist.vessel_sections`, sections touching the image's in-plane edge
+  left out), with the vessel's whole z extent.
+
+Left out, each with a line in the import report (file, item, reason), while the rest imports: a
+lesion touching the image edge (in-plane, or the first or last slice: truncated), a lesion of
+fewer than ``MIN_LESION_VOXELS`` voxels, a vessel with no whole section of at least
+``MIN_SECTION_AREA_MM2``, a label map on another grid than its image (nothing is resampled).
+
+Inputs (:func:`import_masks`): a label map file with its ``image``; or a folder of pairs:
+
+- case folders: ``CASE/labels.nii.gz`` (or ``labels.nii`` / ``labels.nrrd`` / ``labels.seg.nrrd``)
+  with ``CASE/image.nii.gz`` (or ``image.nii`` / ``image.nrrd``), or a ``CASE/dicom/`` series
+  folder; the folder itself may be such a case;
+- the Medical Segmentation Decathlon layout: ``imagesTr/`` and ``labelsTr/`` (and
+  ``imagesTs/`` + ``labelsTs/`` where present) holding files of the same names; its
+  ``dataset.json`` serves as the label file when none is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ingestion.dataset.format import (
+    DatasetFinding,
+    DatasetStudy,
+    ImageRef,
+    ImportResult,
+    KindName,
+    Label,
+    Provenance,
+    Skipped,
+    SourceType,
+    finding_id,
+)
+from ingestion.dataset.recist import VesselSection, lesion_axes, vessel_sections, z_range_lps_mm
+from ingestion.errors import ConfigurationError, IngestionError
+from ingestion.geometry import Geometry
+from ingestion.load import load_path
+from ingestion.nifti import RAS_TO_LPS, nifti_affine_to_lps
+from ingestion.volume import Modality, SourceFormat, Volume
+
+__all__ = [
+    "LESION_NAMES",
+    "MIN_LESION_VOXELS",
+    "MIN_SECTION_AREA_MM2",
+    "VESSEL_NAMES",
+    "findings_from_labels",
+    "import_masks",
+    "kind_of_name",
+    "read_label_file",
+]
+
+logger = logging.getLogger(__name__)
+
+MIN_LESION_VOXELS = 3
+MIN_SECTION_AREA_MM2 = 20.0
+TRUNCATED = "touches the image edge: truncated, not measured"
+GRID_TOLERANCE_MM = 1e-3
+"""A label map is on its image's grid when its voxels lie within this distance (mm) of the
+image's, with the same spacing (within this tolerance too) ..."""
+GRID_TOLERANCE_COS = 1e-4
+"""... and axes along the image's (direction cosines within this), up to order and flips."""
+_AXES = ("slice", "row", "column")
+
+LESION_NAMES = frozenset(
+    {"lesion", "tumor", "tumour", "cancer", "nodule", "gtv", "metastasis", "metastases", "mass"}
+)
+"""Label names (lower case, ``_``/``-``/space-separated words) that make a label a lesion: the
+name is one of these or has one of them as a word ("liver_tumor", "GTV-1", "lung nodule")."""
+
+VESSEL_NAMES = frozenset(
+    {
+        "aorta",
+        "inferior_vena_cava",
+        "superior_vena_cava",
+        "portal_vein_and_splenic_vein",
+        "portal_vein",
+        "splenic_vein",
+        "pulmonary_artery",
+        "pulmonary_vein",
+        "brachiocephalic_trunk",
+        "brachiocephalic_vein_left",
+        "brachiocephalic_vein_right",
+        "common_carotid_artery_left",
+        "common_carotid_artery_right",
+        "subclavian_artery_left",
+        "subclavian_artery_right",
+        "iliac_artery_left",
+        "iliac_artery_right",
+        "iliac_vena_left",
+        "iliac_vena_right",
+        "hepatic_vessel",
+        "vessel",
+        "artery",
+        "vein",
+    }
+)
+"""Label names (TotalSegmentator's, lower case) that make a label a vessel; also any name with
+the word "artery", "vein", "vena" or "vessel" in it."""
+
+_VESSEL_WORDS = frozenset({"artery", "arteries", "vein", "veins", "vena", "vessel", "vessels"})
+_ROLE_KIND: dict[str, KindName | None] = {
+    "lesion": "lesion",
+    "vessel": "vessel",
+    "target_vessel": "vessel",
+    "other_vessel": "vessel",
+    "target": "vessel",
+    "organ": None,
+    "background": None,
+    "ignore": None,
+}
+_LABEL_SUFFIXES = (".nii.gz", ".nii", ".seg.nrrd", ".nrrd", ".nhdr")
+
+Roles = Mapping[int, tuple[str, str]]
+
+
+# -- from a label array on the image's grid -------------------------------------------------------
+def _components(mask: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.int32], int]:
+    """26-connected components, numbered by their first voxel in (slice, row, column) order."""
+    from scipy import ndimage
+
+    labelled, count = ndimage.label(mask, structure=np.ones((3, 3, 3), dtype=bool))
+    return np.asarray(labelled, dtype=np.int32), int(count)
+
+
+def _touches_edge(box: tuple[slice, ...], shape: tuple[int, ...], *, axes: tuple[int, ...]) -> bool:
+    return any(box[a].start == 0 or box[a].stop == shape[a] for a in axes)
+
+
+@dataclass(frozen=True)
+class _Context:
+    geometry: Geometry
+    study_instance_uid: str
+    series_instance_uid: str
+    image: ImageRef
+    provenance: Provenance
+    file: str
+
+    def skipped(self, item: str, reason: str) -> Skipped:
+        return Skipped(
+            SourceType(self.provenance.source), self.provenance.path, self.file, item, reason
+        )
+
+    def finding(
+        self, item: str, key: str, kind: KindName, name: str, **values: Any
+    ) -> DatasetFinding:
+        provenance = Provenance(
+            self.provenance.source,
+            self.provenance.path,
+            item,
+            self.provenance.annotator,
+            self.provenance.licence,
+            self.provenance.annotated_at,
+        )
+        return DatasetFinding(
+            id=finding_id(self.provenance, self.series_instance_uid, key),
+            study_instance_uid=self.study_instance_uid,
+            series_instance_uid=self.series_instance_uid,
+            image=self.image,
+            kind=kind,
+            label=Label.FINDING,
+            name=name,
+            provenance=provenance,
+            **values,
+        )
+
+
+def _lesions(
+    ctx: _Context, labels: npt.NDArray[np.integer[Any]], value: int, name: str
+) -> tuple[list[DatasetFinding], list[Skipped]]:
+    from scipy import ndimage
+
+    findings: list[DatasetFinding] = []
+    skipped: list[Skipped] = []
+    components, count = _components(labels == value)
+    boxes = ndimage.find_objects(components)
+    for k in range(1, count + 1):
+        item = f"label {value} ({name}), component {k}"
+        box = boxes[k - 1]
+        assert box is not None  # every label 1..count has a box
+        mask = components[box] == k
+        voxels = int(mask.sum())
+        if _touches_edge(box, labels.shape, axes=(0, 1, 2)):
+            skipped.append(ctx.skipped(item, TRUNCATED))
+            continue
+        if voxels < MIN_LESION_VOXELS:
+            skipped.append(
+                ctx.skipped(
+                    item,
+                    f"lesion of {voxels} voxel{'s' if voxels != 1 else ''} "
+                    f"(< {MIN_LESION_VOXELS}): too small to measure",
+                )
+            )
+            continue
+        full = np.zeros(labels.shape, dtype=bool)
+        full[box] = mask
+        axes = lesion_axes(full, ctx.geometry)
+        findings.append(
+            ctx.finding(
+                item,
+                f"{ctx.file}: label {value} component {k}",
+                "lesion",
+                name,
+                center_lps_mm=axes.center_lps_mm,
+                slice_index=axes.slice_index,
+                z_range_lps_mm=axes.z_range_lps_mm,
+                long_axis_mm=axes.long_axis_mm,
+                short_axis_mm=axes.short_axis_mm,
+                long_axis_lps_mm=axes.long_axis_lps_mm,
+                short_axis_lps_mm=axes.short_axis_lps_mm,
+            )
+        )
+    return findings, skipped
+
+
+def _vessel(
+    ctx: _Context, labels: npt.NDArray[np.integer[Any]], value: int, name: str
+) -> tuple[list[DatasetFinding], list[Skipped]]:
+    from scipy import ndimage
+
+    components, count = _components(labels == value)
+    if count == 0:
+        return [], []
+    sizes = np.bincount(components.ravel(), minlength=count + 1)[1:]
+    k = int(np.argmax(sizes)) + 1  # the first of equal sizes
+    if count > 1:
+        logger.info(
+            "%s: label %d (%s): the largest of %d components (%d of %d voxels) is the vessel",
+            ctx.file,
+            value,
+            name,
+            count,
+            int(sizes[k - 1]),
+            int(sizes.sum()),
+        )
+    item = f"label {value} ({name}), component {k}"
+    box = ndimage.find_objects(components)[k - 1]
+    assert box is not None
+    mask = np.zeros(labels.shape, dtype=bool)
+    mask[box] = components[box] == k
+    sections = [
+        s
+        for s in vessel_sections(mask, ctx.geometry, min_area_mm2=MIN_SECTION_AREA_MM2)
+        if not s.touches_edge
+    ]
+    if not sections:
+        return [], [
+            ctx.skipped(
+                item,
+                f"vessel with no cross-section of at least {MIN_SECTION_AREA_MM2:g} mm^2 "
+                "inside the image (sections touching the image edge are cut): not measured",
+            )
+        ]
+    best: VesselSection = max(sections, key=lambda s: s.diameter_mm)  # first of equal ones
+    finding = ctx.finding(
+        item,
+        f"{ctx.file}: label {value} component {k}",
+        "vessel",
+        name,
+        center_lps_mm=best.center_lps_mm,
+        slice_index=best.slice_index,
+        z_range_lps_mm=z_range_lps_mm(mask, ctx.geometry),
+        diameter_mm=best.diameter_mm,
+        diameter_lps_mm=best.diameter_lps_mm,
+    )
+    return [finding], []
+
+
+def findings_from_labels(
+    labels: npt.NDArray[np.integer[Any]],
+    geometry: Geometry,
+    roles: Roles,
+    *,
+    study_instance_uid: str,
+    series_instance_uid: str,
+    image: ImageRef,
+    provenance: Provenance,
+    file: str,
+) -> tuple[list[DatasetFinding], list[Skipped]]:
+    """Dataset rows from a label array on an image's grid (module doc for the rules).
+
+    Args:
+        labels: integer (slices, rows, columns) array on the image's grid, 0 = background.
+        geometry: the image's geometry.
+        roles: label value -> (name, "lesion" | "vessel"); other values are ignored.
+        study_instance_uid, series_instance_uid, image: the series the labels annotate.
+        provenance: the input (its ``item`` is replaced per row); also the ids' input.
+        file: the file the labels came from (for the import report).
+
+    Row ids: :func:`~ingestion.dataset.format.finding_id` of ``provenance``, the series and
+    ``"{file}: label {value} component {k}"``.
+
+    Returns:
+        The findings in label-value order (a lesion label's components in their order, a
+        vessel label's one row) and the report lines of what was left out.
+
+    Raises:
+        ValueError: ``labels`` is not 3-D, or a role is neither "lesion" nor "vessel".
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 3:
+        raise ValueError(f"labels must be a (slices, rows, columns) array, got {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be an integer array, got {labels.dtype}")
+    ctx = _Context(geometry, study_instance_uid, series_instance_uid, image, provenance, file)
+    findings: list[DatasetFinding] = []
+    skipped: list[Skipped] = []
+    present = set(np.unique(labels).tolist())
+    for value in sorted(roles):
+        name, kind = roles[value]
+        if kind not in ("lesion", "vessel"):
+            raise ValueError(f"label {value} ({name}): role must be lesion or vessel, got {kind!r}")
+        if value not in present:
+            logger.info("%s: label %d (%s) is not in the label map", file, value, name)
+            continue
+        make = _lesions if kind == "lesion" else _vessel
+        found, left_out = make(ctx, labels, int(value), name)
+        findings.extend(found)
+        skipped.extend(left_out)
+    return findings, skipped
+
+
+# -- the label file -------------------------------------------------------------------------------
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+
+
+def kind_of_name(name: str) -> KindName | None:
+    """ "lesion", "vessel" or None (not known) for a label's name (``LESION_NAMES``,
+    ``VESSEL_NAMES``)."""
+    words = _words(name)
+    if "_".join(words) in VESSEL_NAMES:
+        return "vessel"
+    if "_".join(words) in LESION_NAMES or any(w in LESION_NAMES for w in words):
+        return "lesion"
+    if any(w in _VESSEL_WORDS for w in words):
+        return "vessel"
+    return None
+
+
+def _entry(path: Path, key: str, value: object) -> tuple[str, KindName | None, bool]:
+    """(name, kind, known) of one label file entry; ``known`` is False for a name that is
+    neither a role nor a known lesion or vessel name."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _ROLE_KIND:
+            return value, _ROLE_KIND[word], True
+        kind = kind_of_name(value)
+        return value, kind, kind is not None
+    if isinstance(value, Mapping):
+        name = value.get("name", "")
+        role = value.get("role")
+        if not isinstance(name, str):
+            raise ConfigurationError(f"{path}: label {key}: name must be text, got {name!r}")
+        if role is None:
+            kind = kind_of_name(name)
+            return name, kind, kind is not None
+        if not isinstance(role, str) or role.strip().lower() not in _ROLE_KIND:
+            raise ConfigurationError(
+                f"{path}: label {key}: unknown role {role!r}; use one of "
+                f"{', '.join(sorted(_ROLE_KIND))}"
+            )
+        return name or role, _ROLE_KIND[role.strip().lower()], True
+    raise ConfigurationError(
+        f"{path}: label {key}: expected a name, a role or {{'name': ..., 'role': ...}}, "
+        f"got {value!r}"
+    )
+
+
+def read_label_file(path: Path) -> dict[int, tuple[str, KindName]]:
+    """Which label values are lesions and which are vessels, from a JSON label file.
+
+    Accepted (label values as JSON keys):
+
+    - roles: ``{"1": "lesion", "2": "vessel"}`` (also ``target_vessel``, ``other_vessel``;
+      ``organ``, ``background`` and ``ignore`` are left out);
+    - names and roles, as the shared real-CT ``cases.json`` writes them:
+      ``{"52": {"name": "aorta", "role": "target_vessel"}}`` (a whole case with a
+      ``"label_map"`` key is read too);
+    - names: ``{"52": "aorta", "1": "liver_tumor"}``, classified by :func:`kind_of_name`;
+    - a Medical Segmentation Decathlon ``dataset.json``: ``{"labels": {"0": "background",
+      "1": "liver", "2": "cancer"}}`` (or its name -> value form).
+
+    Names that are neither lesions nor vessels are left out with a log line.
+
+    Returns:
+        label value -> (name, "lesion" | "vessel").
+
+    Raises:
+        ConfigurationError: unreadable JSON, a key that is not a label value, an unknown role,
+            or a file that names no lesion and no vessel.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigurationError(f"{path}: cannot read the label file ({error})") from error
+    if isinstance(data, Mapping) and isinstance(data.get("label_map"), Mapping):
+        data = data["label_map"]
+    elif isinstance(data, Mapping) and isinstance(data.get("labels"), Mapping):
+        data = data["labels"]
+        if data and all(isinstance(v, int) for v in data.values()):  # {"liver": 1}: MSD v2
+            data = {str(v): k for k, v in data.items()}
+    if not isinstance(data, Mapping):
+        raise ConfigurationError(f"{path}: a label file is a JSON object of label values")
+    roles: dict[int, tuple[str, KindName]] = {}
+    for key, value in data.items():
+        try:
+            number = int(str(key).strip())
+        except ValueError as error:
+            raise ConfigurationError(
+                f"{path}: {key!r} is not a label value (an integer); see read_label_file"
+            ) from error
+        name, kind, known = _entry(path, str(key), value)
+        if not known:
+            logger.info(
+                "%s: label %d (%s): neither a lesion nor a vessel: ignored", path, number, name
+            )
+        if kind is not None and number != 0:
+            roles[number] = (name, kind)
+    if not roles:
+        raise ConfigurationError(
+            f"{path}: the label file names no lesion and no vessel label; give roles, e.g. "
+            '{"1": "lesion", "2": "vessel"} or {"52": {"name": "aorta", "role": "target_vessel"}}'
+        )
+    return roles
+
+
+# -- reading a label map onto an image's grid -----------------------------------------------------
+class _GridMismatch(Exception):
+    pass
+
+
+def _read_label_map(path: Path) -> tuple[npt.NDArray[np.int64], Geometry]:
+    """The label map as (slices, rows, columns) integers with its LPS geometry, read with
+    MONAI's NibabelReader (NIfTI) or NrrdReader (NRRD)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from monai.data.image_reader import NibabelReader, NrrdReader
+        from monai.transforms.io.array import LoadImage
+
+        reader = NrrdReader() if path.name.endswith((".nrrd", ".nhdr")) else NibabelReader()
+        data, meta = LoadImage(reader=reader, image_only=False, dtype=None)(str(path))
+    array = np.asarray(data)
+    if array.ndim == 4 and array.shape[3] == 1:
+        array = array[..., 0]
+    if array.ndim != 3:
+        raise _GridMismatch(f"label map of shape {array.shape}: a 3-D label map is needed")
+    if not np.all(np.isfinite(array)) or not np.array_equal(array, np.round(array)):
+        raise _GridMismatch("label map values are not integers (a probability map?)")
+    space = str(meta.get("space", "RAS"))
+    affine = np.asarray(meta["affine"], dtype=np.float64)
+    if space.upper() not in ("RAS", "LPS"):
+        raise _GridMismatch(f"label map in space {space!r}, neither RAS nor LPS")
+    if space.upper() == "LPS":  # MONAI reports the NIfTI-style (RAS) affine unless told not to
+        affine = RAS_TO_LPS @ affine
+    try:
+        geometry = Geometry.from_affine(nifti_affine_to_lps(affine))
+    except ValueError as error:
+        raise _GridMismatch(f"unusable label map affine ({error})") from error
+    return np.ascontiguousarray(array.transpose(2, 1, 0)).astype(np.int64), geometry
+
+
+def _on_image_grid(
+    labels: npt.NDArray[np.int64], grid: Geometry, image_shape: tuple[int, ...], image: Geometry
+) -> npt.NDArray[np.int64]:
+    """``labels`` (on ``grid``) on the image's grid, when the two are the same grid up to axis
+    order and flips (positions within GRID_TOLERANCE_MM, directions within
+    GRID_TOLERANCE_COS); else _GridMismatch saying how they differ."""
+    lab_dirs, img_dirs = grid.direction, image.direction  # columns: (slice, row, column)
+    perm: list[int] = []
+    flips: list[bool] = []
+    for i in range(3):
+        dots = img_dirs[:, i] @ lab_dirs
+        j = int(np.argmax(np.abs(dots)))
+        sign = 1.0 if dots[j] > 0 else -1.0
+        if np.linalg.norm(img_dirs[:, i] - sign * lab_dirs[:, j]) > GRID_TOLERANCE_COS:
+            raise _GridMismatch(
+                f"image axis {_AXES[i]} {np.round(img_dirs[:, i], 5).tolist()} is along no label "
+                f"map axis (directions {np.round(lab_dirs.T, 5).tolist()})"
+            )
+        if abs(image.spacing[i] - grid.spacing[j]) > GRID_TOLERANCE_MM:
+            raise _GridMismatch(
+                f"spacing along the image's {_AXES[i]} axis is {image.spacing[i]:.4f} mm, the "
+                f"label map's {grid.spacing[j]:.4f} mm"
+            )
+        if image_shape[i] != labels.shape[j]:
+            raise _GridMismatch(
+                f"image of {image_shape[i]} voxels along its {_AXES[i]} axis, label map of "
+                f"{labels.shape[j]}"
+            )
+        perm.append(j)
+        flips.append(sign < 0)
+    if sorted(perm) != [0, 1, 2]:
+        raise _GridMismatch("two image axes lie along one label map axis")
+    moved = labels.transpose(perm)
+    for axis, flip in enumerate(flips):
+        if flip:
+            moved = np.flip(moved, axis=axis)
+    start = np.array([labels.shape[j] - 1 if f else 0 for j, f in zip(perm, flips, strict=True)])
+    corner = np.zeros(3)
+    corner[perm] = start
+    offset = float(np.linalg.norm(grid.index_to_lps(corner) - np.asarray(image.origin)))
+    if offset > GRID_TOLERANCE_MM:
+        raise _GridMismatch(
+            f"the label map's voxels lie {offset:.3f} mm from the image's "
+            f"(image origin {np.round(image.origin, 3).tolist()} mm LPS)"
+        )
+    return np.ascontiguousarray(moved)
+
+
+# -- pairs of label map and image -----------------------------------------------------------------
+def _is_label_map(path: Path) -> bool:
+    return path.is_file() and not path.name.startswith(".") and path.name.endswith(_LABEL_SUFFIXES)
+
+
+def _case_pair(folder: Path) -> tuple[Path, Path | None] | None:
+    """(labels, image) of a case folder, None when it holds no labels file."""
+    labels = next(
+        (folder / f"labels{s}" for s in _LABEL_SUFFIXES if (folder / f"labels{s}").is_file()), None
+    )
+    if labels is None:
+        return None
+    if (folder / "dicom").is_dir():
+        return labels, folder / "dicom"
+    image = next(
+        (folder / f"image{s}" for s in (".nii.gz", ".nii") if (folder / f"image{s}").is_file()),
+        None,
+    )
+    return labels, image
+
+
+def _pairs(source: Path, image: Path | None) -> tuple[list[tuple[Path, Path | None]], Path | None]:
+    """The (label map, image) pairs of ``source`` (module doc) and the MSD dataset.json where
+    there is one."""
+    if source.is_file():
+        if image is None:
+            raise ConfigurationError(
+                f"{source}: give the image this label map annotates (a DICOM series folder or a "
+                "NIfTI file)"
+            )
+        return [(source, image)], None
+    if not source.is_dir():
+        raise ConfigurationError(f"{source}: no such file or folder")
+    if image is not None:
+        raise ConfigurationError(
+            f"{source} is a folder of pairs: the image of each label map is found beside it; "
+            "give --image only with a single label map file"
+        )
+    pairs: list[tuple[Path, Path | None]] = []
+    msd = [(source / f"labels{p}", source / f"images{p}") for p in ("Tr", "Ts")]
+    msd = [(lab, img) for lab, img in msd if lab.is_dir() and img.is_dir()]
+    if msd:
+        for labels_dir, images_dir in msd:
+            for labels in sorted(p for p in labels_dir.iterdir() if _is_label_map(p)):
+                found = images_dir / labels.name
+                pairs.append((labels, found if found.is_file() else None))
+        info = source / "dataset.json"
+        return pairs, info if info.is_file() else None
+    own = _case_pair(source)
+    if own is not None:
+        return [own], None
+    for folder in sorted(p for p in source.iterdir() if p.is_dir()):
+        case = _case_pair(folder)
+        if case is not None:
+            pairs.append(case)
+    if not pairs:
+        raise ConfigurationError(
+            f"{source}: no label maps found: give a label map file with its image, a folder of "
+            "case folders each with labels.nii.gz and image.nii.gz (or dicom/), or a Medical "
+            "Segmentation Decathlon folder (imagesTr/, labelsTr/)"
+        )
+    return pairs, None
+
+
+def _load_image(path: Path, modality: str | None) -> Volume | str:
+    """The one series at ``path``, or why not."""
+    try:
+        loaded = load_path(path, nifti_modality=Modality(modality) if modality else None)
+    except IngestionError as error:
+        return f"image cannot be loaded: {error}"
+    if not loaded.volumes:
+        reasons = sorted({r.reason for r in loaded.rejected}) or ["no image found"]
+        more = f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else ""
+        return f"image cannot be loaded: {reasons[0]}{more}"
+    if len(loaded.volumes) > 1:
+        uids = ", ".join(v.identifiers.series_instance_uid for v in loaded.volumes)
+        return (
+            f"image holds {len(loaded.volumes)} series ({uids}); a label map annotates one: give "
+            "that series' folder"
+        )
+    return loaded.volumes[0]
+
+
+def import_masks(
+    source: Path,
+    *,
+    image: Path | None = None,
+    label_file: Path | None = None,
+    annotator: str = "unknown",
+    licence: str = "unknown",
+    modality: str | None = None,
+) -> ImportResult:
+    """Import label maps with their images (module doc).
+
+    Args:
+        source: a label map (NIfTI or NRRD) or a folder of pairs (module doc).
+        image: the image a single label map annotates: a DICOM series folder or a NIfTI file.
+        label_file: JSON saying which labels are lesions and vessels (:func:`read_label_file`);
+            a Decathlon folder's dataset.json serves when none is given.
+        annotator, licence: recorded in every row's provenance.
+        modality: "CT" or "MR" for NIfTI images (which do not record it).
+
+    Raises:
+        ConfigurationError: no label file, an unusable label file, a source with no label map,
+            an unknown modality.
+    """
+    source = Path(source)
+    if modality is not None and modality not in {m.value for m in Modality}:
+        raise ConfigurationError(f"modality must be CT or MR, got {modality!r}")
+    pairs, msd_info = _pairs(source, None if image is None else Path(image))
+    if label_file is None and msd_info is None:
+        raise ConfigurationError(
+            f"{source}: a label file is needed to say which labels are lesions and which are "
+            'vessels, e.g. {"1": "lesion", "2": "vessel"} or {"52": "aorta"}'
+        )
+    roles = read_label_file(Path(label_file) if label_file is not None else msd_info)  # type: ignore[arg-type]
+    annotated = tuple(sorted({kind for _, kind in roles.values()}))
+    provenance = Provenance(SourceType.MASKS, str(source.resolve()), "", annotator, licence)
+    studies: list[DatasetStudy] = []
+    findings: list[DatasetFinding] = []
+    skipped: list[Skipped] = []
+
+    def skip(file: Path, reason: str) -> None:
+        skipped.append(Skipped(SourceType.MASKS, provenance.path, str(file), "", reason))
+
+    for labels_path, image_path in pairs:
+        if image_path is None:
+            skip(labels_path, "no image beside this label map (image.nii.gz, dicom/ or imagesTr/)")
+            continue
+        volume = _load_image(image_path, modality)
+        if isinstance(volume, str):
+            skip(image_path, volume)
+            continue
+        try:
+            labels, grid = _read_label_map(labels_path)
+            labels = _on_image_grid(labels, grid, volume.shape, volume.geometry)
+        except _GridMismatch as error:
+            skip(
+                labels_path,
+                f"label map grid differs from the image's: {error}; nothing is resampled",
+            )
+            continue
+        except Exception as error:  # MONAI's readers raise many types for a bad file
+            skip(labels_path, f"label map cannot be read ({type(error).__name__}: {error})")
+            continue
+        ids = volume.identifiers
+        ref = ImageRef(
+            path=str(image_path.resolve()),
+            format="dicom" if volume.source_format is SourceFormat.DICOM else "nifti",
+            modality=volume.modality.value if volume.modality is not None else modality,
+        )
+        studies.append(
+            DatasetStudy(
+                ids.study_instance_uid, ids.series_instance_uid, ref, annotated, provenance
+            )
+        )
+        found, left_out = findings_from_labels(
+            labels,
+            volume.geometry,
+            roles,
+            study_instance_uid=ids.study_instance_uid,
+            series_instance_uid=ids.series_instance_uid,
+            image=ref,
+            provenance=provenance,
+            file=str(labels_path),
+        )
+        findings.extend(found)
+        skipped.extend(left_out)
+    return ImportResult(
+        SourceType.MASKS, provenance.path, tuple(studies), tuple(findings), tuple(skipped)
+    )
