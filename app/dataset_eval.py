@@ -131,6 +131,8 @@ def evaluation_markdown(result: DatasetEvaluation, header: Sequence[str] = ()) -
         "| metric | value |",
         "|---|---|",
         f"| studies (refused or not loaded) | {e.studies} ({e.refused}) |",
+        f"| true findings in refused studies (not in the recalls below) | "
+        f"{e.findings_in_refused} |",
         f"| lesions >= 10 mm found | {_fraction(e.lesions_10mm_found, e.lesions_10mm)} |",
         f"| vessels found | {_fraction(e.vessels_found, e.vessels)} |",
     ]

@@ -43,6 +43,7 @@ from _machine import load, machine
 from app.dataset_eval import evaluate_dataset, write_outputs
 from ingestion.dataset.format import ImportResult, write_import
 from ingestion.dataset.masks import import_masks
+from ingestion.errors import RadcaliperError
 from model.measurer.checkpoint import default_checkpoint
 from model.measurer.pipeline import CheckpointMeasurer
 
@@ -64,16 +65,20 @@ def import_cases(
             continue
         label_file = work / "labels" / f"{case['id']}.json"
         label_file.write_text(json.dumps(case["label_map"], indent=1))
-        folder = data / case["id"]
+        folder = data / Path(case["input"]).parts[0]  # the case's files (shared by _asis)
         began = time.perf_counter()
-        result = import_masks(
-            folder / case.get("labels", "labels.nii.gz"),
-            image=data / case["input"],
-            label_file=label_file,
-            annotator=case.get("annotation", "unknown")[:120],
-            licence=case["source"].get("licence", "unknown"),
-            modality=case["modality"],
-        )
+        try:
+            result = import_masks(
+                folder / case.get("labels", "labels.nii.gz"),
+                image=data / case["input"],
+                label_file=label_file,
+                annotator=case.get("annotation", "unknown")[:120],
+                licence=case["source"].get("licence", "unknown"),
+                modality=case["modality"],
+            )
+        except RadcaliperError as error:
+            print(f"{case['id']}: not imported: {error}")
+            continue
         expect = case["expect"] + (
             f" ({case['expect_reason']})" if case.get("expect_reason") else ""
         )

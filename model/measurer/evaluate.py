@@ -14,7 +14,8 @@ where a reviewer rejected a finding (a negative example, within 10 mm in the pla
 unjudged (an SR or a review lists some findings, not all), and counted as such.
 
 Metrics (:class:`Evaluation`): recall of lesions >= 10 mm long and of vessels, and per kind and
-size bin; false findings per study; MAE and Bland-Altman (bias, 95 % limits) of long axis,
+size bin, over the studies the model measured (the findings of refused studies are counted
+apart); false findings per measured study; MAE and Bland-Altman (bias, 95 % limits) of long axis,
 short axis and diameter on matched findings that were measured; coverage and mean width of the
 calibrated ranges; the share of answers that parsed; the time per study.
 :func:`calibration_pairs` gives the ``(name, predicted, true)`` pairs that ``fit_calibration``
@@ -245,6 +246,7 @@ class Evaluation:
     agreement: dict[str, Agreement] = field(default_factory=dict)
     unjudged_findings: int = 0
     seconds_mean: float = math.nan
+    findings_in_refused: int = 0  # true findings of refused studies (not in the recalls)
 
     @property
     def lesion_recall(self) -> float:
@@ -277,6 +279,7 @@ class Evaluation:
             "false_findings_per_study": self.false_per_study,
             "false_findings": self.false_findings,
             "unjudged_findings": self.unjudged_findings,
+            "findings_in_refused_studies": self.findings_in_refused,
             "mae_mm": self.mae_mm,
             "counts": self.counts,
             "bland_altman": {k: v.to_json() for k, v in self.agreement.items()},
@@ -359,8 +362,11 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
     inside: dict[str, list[bool]] = {}
     widths: dict[str, list[float]] = {}
     by_size: dict[str, dict[str, list[int]]] = {}
-    missing = total = malformed_find = 0
+    missing = total = malformed_find = in_refused = 0
     for outcome in outcomes:
+        if outcome.result is None:  # refused: its findings are counted apart, not as missed
+            in_refused += len(outcome.truth)
+            continue
         matched_truth = {i for i, _ in outcome.matches}
         for i, t in enumerate(outcome.truth):
             counts = by_size.setdefault(t.kind, {}).setdefault(size_bin(t), [0, 0])
@@ -372,8 +378,6 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
             elif t.long_axis_mm is not None and t.long_axis_mm >= RECALL_MIN_LONG_AXIS_MM:
                 lesions += 1
                 lesions_found += i in matched_truth
-        if outcome.result is None:
-            continue
         study_false, study_unjudged = outcome.false_and_unjudged()
         false += study_false
         unjudged += study_unjudged
@@ -425,6 +429,7 @@ def summarize(outcomes: Sequence[StudyOutcome]) -> Evaluation:
         agreement={k: _agreement(v) for k, v in sorted(differences.items())},
         unjudged_findings=unjudged,
         seconds_mean=float(np.mean(times)) if times else math.nan,
+        findings_in_refused=in_refused,
     )
 
 

@@ -123,7 +123,9 @@ def test_summary_counts_recall_false_findings_errors_and_coverage() -> None:
     refused = StudyOutcome("r", (lesion(0.0, 12.0),), None, "MR", (), (), 0.0)
     evaluation = summarize([first, second, refused])
     assert (evaluation.studies, evaluation.refused) == (3, 1)
-    assert (evaluation.lesions_10mm, evaluation.lesions_10mm_found) == (3, 2)  # 8 mm not counted
+    # 8 mm not counted; the refused study's lesion is counted apart, not as missed
+    assert (evaluation.lesions_10mm, evaluation.lesions_10mm_found) == (2, 2)
+    assert evaluation.findings_in_refused == 1
     assert (evaluation.vessels, evaluation.vessels_found) == (2, 1)
     # per measured study: the refused one reported nothing
     assert evaluation.false_findings == 1 and evaluation.false_per_study == pytest.approx(1 / 2)
