@@ -122,7 +122,9 @@ def _print_inspect(report: dict[str, Any]) -> None:
 @app.command()
 def inspect(
     ctx: typer.Context,
-    path: Annotated[Path, typer.Argument(help="A DICOM file or folder tree, or a NIfTI file.")],
+    path: Annotated[
+        Path, typer.Argument(help="A DICOM file or folder tree, or a NIfTI or NRRD file.")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     headers_only: Annotated[
         bool,

@@ -113,7 +113,8 @@ def import_command(
     image: Annotated[
         Path | None,
         typer.Option(
-            "--image", help="masks: the image a single label map annotates (DICOM folder, NIfTI)."
+            "--image",
+            help="masks: the image a single label map annotates (DICOM folder, NIfTI, NRRD).",
         ),
     ] = None,
     images: Annotated[
@@ -136,7 +137,9 @@ def import_command(
     ] = None,
     modality: Annotated[
         str | None,
-        typer.Option("--modality", help="masks: CT or MR for NIfTI images (NIfTI has no tag)."),
+        typer.Option(
+            "--modality", help="masks: CT or MR for NIfTI and NRRD images (they have no tag)."
+        ),
     ] = None,
 ) -> None:
     """Import annotations into the dataset folder OUT.

@@ -63,7 +63,7 @@ def load_measurer(model_dir: Path | None) -> Any:
 
 def measure(
     ctx: typer.Context,
-    path: Annotated[Path, typer.Argument(help="A DICOM folder or file, or a NIfTI file.")],
+    path: Annotated[Path, typer.Argument(help="A DICOM folder or file, or a NIfTI or NRRD file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     model_dir: Annotated[
         Path | None,

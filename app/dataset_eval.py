@@ -42,7 +42,7 @@ class DatasetEvaluation:
             "model": self.model,
             "summary": self.evaluation.to_json(),
             "studies": [
-                {**o.to_json(), "name": name}
+                {**o.to_json(), "image": o.name, "name": name}
                 for o, name in zip(self.evaluation.outcomes, self.names, strict=True)
             ],
             "seconds": self.seconds,
@@ -180,21 +180,13 @@ def write_outputs(result: DatasetEvaluation, out_dir: Path, header: Sequence[str
     """Write evaluation.json, evaluation.md and the plots under ``out_dir``; returns the
     markdown."""
     from app.plots import measurement_agreement
+    from model.measurer.compare import json_safe
     from model.measurer.evaluate import calibration_pairs
 
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
     (out_dir / "evaluation.json").write_text(
-        json.dumps(clean(result.to_json()), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        json.dumps(json_safe(result.to_json()), indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
     text = evaluation_markdown(result, header)
     (out_dir / "evaluation.md").write_text(text, encoding="utf-8")

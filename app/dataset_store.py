@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LICENCE = "site data: see your institution's terms"
 _NAMES = {"lesion": ("long_axis", "short_axis"), "vessel": ("diameter",)}
-_IMAGE_FORMATS = ("dicom", "nifti")
+_IMAGE_FORMATS = ("dicom", "nifti", "nrrd")
 
 
 def import_store(url: str, *, licence: str = DEFAULT_LICENCE) -> ImportResult:

@@ -103,27 +103,19 @@ def inspect_scan(
     path: Path,
     nifti_modality: Modality | None = None,
 ) -> InspectReport:
-    """Build the inspect report; with ``read_pixels`` every series is fully loaded."""
+    """Build the inspect report; with ``read_pixels`` every series is fully loaded (without,
+    DICOM series are described from their headers; NIfTI and NRRD files are always read)."""
     series: list[dict[str, Any]] = []
     rejected = list(scanned.rejected)
-    if read_pixels:
-        for item in iter_volumes(scanned, nifti_modality):
-            if isinstance(item, Volume):
-                series.append(describe_volume(item))
-            else:
-                rejected.append(item)
-    else:
+    to_load = scanned
+    if not read_pixels:
         series = [describe_series_ref(ref) for ref in scanned.series]
-        from ingestion import load_nifti
-        from ingestion.errors import IngestionError, UnreadableFileError
-
-        for nifti in scanned.nifti:
-            try:
-                series.append(describe_volume(load_nifti(nifti, modality=nifti_modality)))
-            except IngestionError as exc:
-                rejected.append(Rejected(nifti, str(exc)))
-            except OSError as exc:
-                rejected.append(Rejected(nifti, str(UnreadableFileError.from_os_error(nifti, exc))))
+        to_load = ScanResult(nifti=scanned.nifti, nrrd=scanned.nrrd)
+    for item in iter_volumes(to_load, nifti_modality):
+        if isinstance(item, Volume):
+            series.append(describe_volume(item))
+        else:
+            rejected.append(item)
     return {"path": str(path), "series": series, "rejected": _rejected(rejected)}
 
 

@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     log_level: LogLevel = Field(default="WARNING", description="Logging level on stderr.")
     nifti_modality: Literal["CT", "MR"] | None = Field(
         default=None,
-        description="Modality recorded for NIfTI inputs, which do not store one.",
+        description="Modality recorded for NIfTI and NRRD inputs, which do not store one.",
     )
     pseudonym_key: str | None = Field(
         default=None,

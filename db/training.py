@@ -70,7 +70,7 @@ class ReviewedFinding:
         run_id, finding_number: the run and the finding's number in it ("run 3 finding 2").
         study_instance_uid, series_instance_uid: the measured series.
         source: the path the run measured (as the measuring command was given it).
-        source_format: dicom, nifti or synthetic (a volume built in memory: no file).
+        source_format: dicom, nifti, nrrd or synthetic (a volume built in memory: no file).
         modality: CT or MR where known.
         kind: lesion or vessel.
         center_lps_mm, slice_index: where the model put it (LPS mm; 0-based slice).

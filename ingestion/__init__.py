@@ -1,4 +1,4 @@
-"""Ingestion: DICOM series and NIfTI files into :class:`Volume` objects with exact geometry.
+"""Ingestion: DICOM series, NIfTI and NRRD files into :class:`Volume` objects with exact geometry.
 
 Pipeline stage 1 of radcaliper (see README "Architecture"): ``scan`` groups files into series
 and rejects what cannot be measured (never raising for a bad file), ``load_*`` reads voxels, and
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ingestion.geometry import Geometry
     from ingestion.load import LoadResult, iter_volumes, load_path, load_series
     from ingestion.nifti import load_nifti, nifti_affine_to_lps, volume_to_nifti_affine
+    from ingestion.nrrd import load_nrrd
     from ingestion.phantoms import (
         Phantom,
         PhantomSpec,
@@ -91,6 +92,7 @@ _SOURCES = {
     "ingestion.geometry": ("Geometry",),
     "ingestion.load": ("LoadResult", "iter_volumes", "load_path", "load_series"),
     "ingestion.nifti": ("load_nifti", "nifti_affine_to_lps", "volume_to_nifti_affine"),
+    "ingestion.nrrd": ("load_nrrd",),
     "ingestion.phantoms": (
         "Phantom",
         "PhantomSpec",
@@ -168,6 +170,7 @@ __all__ = [
     "generate_phantom",
     "iter_volumes",
     "load_nifti",
+    "load_nrrd",
     "load_path",
     "load_series",
     "nifti_affine_to_lps",

@@ -31,7 +31,7 @@ from ingestion.errors import (
     UnreadableFileError,
     UnsupportedObjectError,
 )
-from ingestion.scan import is_nifti_path
+from ingestion.scan import is_nifti_path, is_nrrd_path, is_segmentation_path, segmentation_reason
 
 __all__ = ["NON_DICOM_SUFFIXES", "FileRecord", "FileStatus", "ImageAttributes", "catalog_file"]
 
@@ -185,10 +185,14 @@ def catalog_file(path: Path) -> FileRecord:
     def record(status: FileStatus, reason: str, error: type[BaseException]) -> FileRecord:
         return FileRecord(path, size, mtime, status, reason, error.__name__)
 
-    if is_nifti_path(path):
+    if is_segmentation_path(path):
+        return record(FileStatus.SKIPPED, segmentation_reason(path), UnsupportedObjectError)
+    if is_nifti_path(path) or is_nrrd_path(path):
+        kind = "NIfTI" if is_nifti_path(path) else "NRRD"
         return record(
             FileStatus.SKIPPED,
-            f"{path}: NIfTI file; batch measures DICOM studies (use radcaliper measure for NIfTI)",
+            f"{path}: {kind} file; batch measures DICOM studies (use radcaliper measure for "
+            f"{kind})",
             UnsupportedObjectError,
         )
     try:

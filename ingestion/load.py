@@ -1,4 +1,4 @@
-"""Turn scanned series and NIfTI files into :class:`~ingestion.volume.Volume` objects."""
+"""Turn scanned series, NIfTI and NRRD files into :class:`~ingestion.volume.Volume` objects."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from ingestion.dicom_pixels import read_stack_voxels
 from ingestion.errors import IngestionError, UnreadableFileError
 from ingestion.nifti import load_nifti
+from ingestion.nrrd import load_nrrd
 from ingestion.scan import Rejected, ScanResult, scan_path
 from ingestion.stack import SeriesRef
 from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
@@ -63,15 +64,19 @@ class LoadResult:
 def iter_volumes(
     scanned: ScanResult, nifti_modality: Modality | None = None
 ) -> Iterator[Volume | Rejected]:
-    """Load every series and NIfTI file of a scan, one at a time (memory: one volume)."""
+    """Load every series, NIfTI and NRRD file of a scan, one at a time (memory: one volume).
+
+    ``nifti_modality`` is recorded for NIfTI and NRRD files alike (neither stores a modality).
+    """
     for ref in scanned.series:
         try:
             yield load_series(ref)
         except IngestionError as exc:
             yield Rejected(ref.slices[0].path, f"series {ref.label}: {exc}")
-    for path in scanned.nifti:
+    files = [(p, load_nifti) for p in scanned.nifti] + [(p, load_nrrd) for p in scanned.nrrd]
+    for path, load in files:
         try:
-            yield load_nifti(path, modality=nifti_modality)
+            yield load(path, modality=nifti_modality)
         except IngestionError as exc:
             yield Rejected(path, str(exc))
         except OSError as exc:

@@ -1,4 +1,6 @@
-"""Walk files and folders; group DICOM images into series; list NIfTI files; reject the rest.
+"""Walk files and folders; group DICOM images into series; list NIfTI and NRRD files; reject the
+rest (an NRRD segmentation, ``*.seg.nrrd``, is a label map, not an image: rejected with that
+reason).
 
 Nothing here raises for a bad file: every file that cannot contribute becomes a
 :class:`Rejected` with a reason that names the file and the problem.
@@ -24,9 +26,12 @@ __all__ = [
     "ScanResult",
     "damaged_copy_reason",
     "is_nifti_path",
+    "is_nrrd_path",
+    "is_segmentation_path",
     "iter_files",
     "scan_files",
     "scan_path",
+    "segmentation_reason",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,17 +50,36 @@ class Rejected:
 
 @dataclass
 class ScanResult:
-    """What a scan found: DICOM stacks ready to load, NIfTI files, and rejections."""
+    """What a scan found: DICOM stacks ready to load, NIfTI and NRRD files, and rejections."""
 
     series: list[SeriesRef] = field(default_factory=list)
     nifti: list[Path] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    nrrd: list[Path] = field(default_factory=list)
 
 
 def is_nifti_path(path: Path) -> bool:
     """True for ``.nii`` and ``.nii.gz`` file names."""
     name = path.name.lower()
     return name.endswith(".nii") or name.endswith(".nii.gz")
+
+
+def is_nrrd_path(path: Path) -> bool:
+    """True for ``.nrrd`` file names (images and ``.seg.nrrd`` segmentations alike)."""
+    return path.name.lower().endswith(".nrrd")
+
+
+def is_segmentation_path(path: Path) -> bool:
+    """True for ``.seg.nrrd`` file names: 3D Slicer's segmentations (label maps), not images."""
+    return path.name.lower().endswith(".seg.nrrd")
+
+
+def segmentation_reason(path: Path) -> str:
+    """Why a segmentation file is not loaded as an image."""
+    return (
+        f"{path}: a segmentation (label map), not an image: import it with "
+        "radcaliper dataset import --from masks"
+    )
 
 
 def iter_files(root: Path, on_error: Callable[[OSError], None] | None = None) -> Iterator[Path]:
@@ -169,6 +193,12 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
         if is_nifti_path(path):
             result.nifti.append(path)
             continue
+        if is_nrrd_path(path):
+            if is_segmentation_path(path):
+                result.rejected.append(Rejected(path, segmentation_reason(path)))
+            else:
+                result.nrrd.append(path)
+            continue
         try:
             obj: DicomObject = read_dicom_object(path)
         except IngestionError as exc:
@@ -226,9 +256,10 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
             continue
         result.series.extend(_stacks(groups, result))
     logger.info(
-        "scan: %d series, %d NIfTI, %d rejected",
+        "scan: %d series, %d NIfTI, %d NRRD, %d rejected",
         len(result.series),
         len(result.nifti),
+        len(result.nrrd),
         len(result.rejected),
     )
     return result

@@ -26,6 +26,7 @@ class SourceFormat(enum.StrEnum):
 
     DICOM = "dicom"
     NIFTI = "nifti"
+    NRRD = "nrrd"
     SYNTHETIC = "synthetic"  # built in memory (a phantom), not read from a file
 
 
@@ -35,8 +36,8 @@ class Identifiers:
 
     ``sop_instance_uids`` and ``frame_numbers`` have one entry per slice, in slice order. A frame
     number is the 1-based DICOM frame within a multi-frame object, ``None`` for single-frame images.
-    For NIfTI, which carries no UIDs, study and series UIDs are derived from the file's content
-    (``uids_derived`` is True) and per-slice UIDs are ``None``.
+    For NIfTI and NRRD, which carry no UIDs, study and series UIDs are derived from the file's
+    content (``uids_derived`` is True) and per-slice UIDs are ``None``.
     """
 
     study_instance_uid: str
@@ -68,8 +69,8 @@ class Volume:
         voxels: float32 array (slices, rows, columns); Hounsfield units for CT.
         geometry: maps indices to LPS mm.
         identifiers: study/series/image identifiers, one SOP instance per slice.
-        modality: CT or MR; ``None`` when the file format does not record it (NIfTI).
-        source_format: DICOM or NIfTI.
+        modality: CT or MR; ``None`` when the file format does not record it (NIfTI, NRRD).
+        source_format: DICOM, NIfTI, NRRD or synthetic (built in memory).
         sources: the files the voxels were read from.
         warnings: things a reader should know that did not stop loading (e.g. gantry tilt).
         gantry_tilt_degrees: the gantry tilt with the sign of the GantryDetectorTilt tag (its

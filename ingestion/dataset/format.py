@@ -203,10 +203,10 @@ class ImageRef:
     """The image a study's truth refers to, as ``ingestion.load.load_path`` reads it.
 
     Args:
-        path: a DICOM folder or file, or a NIfTI file; relative paths are relative to the
-            dataset folder.
-        format: "dicom", "nifti" or "phantom" (a `radcaliper phantoms` study folder).
-        modality: "CT" or "MR" where known (NIfTI does not record it).
+        path: a DICOM folder or file, or a NIfTI or NRRD file; relative paths are relative to
+            the dataset folder.
+        format: "dicom", "nifti", "nrrd" or "phantom" (a `radcaliper phantoms` study folder).
+        modality: "CT" or "MR" where known (NIfTI and NRRD do not record it).
     """
 
     path: str
@@ -215,8 +215,10 @@ class ImageRef:
 
     def __post_init__(self) -> None:
         _text("image path", self.path)
-        if self.format not in ("dicom", "nifti", "phantom"):
-            raise ValueError(f"image format must be dicom, nifti or phantom, got {self.format!r}")
+        if self.format not in ("dicom", "nifti", "nrrd", "phantom"):
+            raise ValueError(
+                f"image format must be dicom, nifti, nrrd or phantom, got {self.format!r}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format, "modality": self.modality}

@@ -1,4 +1,4 @@
-"""Import image + label map pairs (NIfTI or NRRD label maps) as dataset rows.
+"""Import image + label map pairs (NIfTI or NRRD images and label maps) as dataset rows.
 
 A label map gives each voxel a label value; a label file says which values are lesions and which
 are vessels (:func:`read_label_file`). From them:
@@ -130,6 +130,11 @@ _ROLE_KIND: dict[str, KindName | None] = {
     "ignore": None,
 }
 _LABEL_SUFFIXES = (".nii.gz", ".nii", ".seg.nrrd", ".nrrd", ".nhdr")
+_IMAGE_FORMAT = {
+    SourceFormat.DICOM: "dicom",
+    SourceFormat.NIFTI: "nifti",
+    SourceFormat.NRRD: "nrrd",
+}
 
 Roles = Mapping[int, tuple[str, str]]
 
@@ -452,15 +457,25 @@ class _GridMismatch(Exception):
 
 def _read_label_map(path: Path) -> tuple[npt.NDArray[np.int64], Geometry]:
     """The label map as (slices, rows, columns) integers with its LPS geometry, read with
-    MONAI's NibabelReader (NIfTI) or NrrdReader (NRRD)."""
+    MONAI's NibabelReader (NIfTI) or NrrdReader (NRRD: through ``ingestion.nrrd.load_nrrd``,
+    which takes the geometry from the file's named space and refuses a file without one)."""
     import warnings
+
+    if path.name.endswith(".nrrd"):
+        from ingestion.nrrd import load_nrrd
+
+        volume = load_nrrd(path)  # IngestionError: the caller reports it as unreadable
+        voxels = volume.voxels
+        if not np.array_equal(voxels, np.round(voxels)):
+            raise _GridMismatch("label map values are not integers (a probability map?)")
+        return voxels.astype(np.int64), volume.geometry
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from monai.data.image_reader import NibabelReader, NrrdReader
+        from monai.data.image_reader import NibabelReader
         from monai.transforms.io.array import LoadImage
 
-        reader = NrrdReader() if path.name.endswith((".nrrd", ".nhdr")) else NibabelReader()
+        reader = NibabelReader()
         data, meta = LoadImage(reader=reader, image_only=False, dtype=None)(str(path))
     array = np.asarray(data)
     if array.ndim == 4 and array.shape[3] == 1:
@@ -545,7 +560,11 @@ def _case_pair(folder: Path) -> tuple[Path, Path | None] | None:
     if (folder / "dicom").is_dir():
         return labels, folder / "dicom"
     image = next(
-        (folder / f"image{s}" for s in (".nii.gz", ".nii") if (folder / f"image{s}").is_file()),
+        (
+            folder / f"image{s}"
+            for s in (".nii.gz", ".nii", ".nrrd")
+            if (folder / f"image{s}").is_file()
+        ),
         None,
     )
     return labels, image
@@ -557,8 +576,8 @@ def _pairs(source: Path, image: Path | None) -> tuple[list[tuple[Path, Path | No
     if source.is_file():
         if image is None:
             raise ConfigurationError(
-                f"{source}: give the image this label map annotates (a DICOM series folder or a "
-                "NIfTI file)"
+                f"{source}: give the image this label map annotates (a DICOM series folder, a "
+                "NIfTI or an NRRD file)"
             )
         return [(source, image)], None
     if not source.is_dir():
@@ -626,11 +645,12 @@ def import_masks(
 
     Args:
         source: a label map (NIfTI or NRRD) or a folder of pairs (module doc).
-        image: the image a single label map annotates: a DICOM series folder or a NIfTI file.
+        image: the image a single label map annotates: a DICOM series folder, a NIfTI or an
+            NRRD file.
         label_file: JSON saying which labels are lesions and vessels (:func:`read_label_file`);
             a Decathlon folder's dataset.json serves when none is given.
         annotator, licence: recorded in every row's provenance.
-        modality: "CT" or "MR" for NIfTI images (which do not record it).
+        modality: "CT" or "MR" for NIfTI and NRRD images (which do not record it).
 
     Raises:
         ConfigurationError: no label file, an unusable label file, a source with no label map,
@@ -657,7 +677,10 @@ def import_masks(
 
     for labels_path, image_path in pairs:
         if image_path is None:
-            skip(labels_path, "no image beside this label map (image.nii.gz, dicom/ or imagesTr/)")
+            skip(
+                labels_path,
+                "no image beside this label map (image.nii.gz, image.nrrd, dicom/ or imagesTr/)",
+            )
             continue
         volume = _load_image(image_path, modality)
         if isinstance(volume, str):
@@ -678,7 +701,7 @@ def import_masks(
         ids = volume.identifiers
         ref = ImageRef(
             path=str(image_path.resolve()),
-            format="dicom" if volume.source_format is SourceFormat.DICOM else "nifti",
+            format=_IMAGE_FORMAT[volume.source_format],
             modality=volume.modality.value if volume.modality is not None else modality,
         )
         studies.append(

@@ -35,13 +35,14 @@ What it reads, and the choices made (README "Datasets"):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ingestion.dataset._dicom_import import Collected, import_objects
 from ingestion.dataset._dicom_values import (
     UnusableError,
     content_time,
@@ -60,7 +61,6 @@ from ingestion.dataset.format import (
     finding_id,
 )
 from ingestion.errors import ConfigurationError
-from ingestion.scan import iter_files
 
 if TYPE_CHECKING:
     from pydicom import Dataset
@@ -289,13 +289,6 @@ def _by_file(finding: DatasetFinding, relative: str, base: Provenance) -> Datase
     )
 
 
-@dataclass
-class _Collected:
-    studies: dict[str, DatasetStudy]  # series uid -> study (its kinds: of every SEG of it)
-    findings: list[DatasetFinding]
-    skipped: list[Skipped]
-
-
 def _referenced_series(seg: Any, index: ImageIndex) -> SeriesRef:
     uids = sorted({str(s.SeriesInstanceUID) for s in seg.get("ReferencedSeriesSequence", [])})
     if not uids:
@@ -316,7 +309,7 @@ def _import_file(
     index: ImageIndex,
     base: Provenance,
     label_file: Path | None,
-    out: _Collected,
+    out: Collected,
 ) -> None:
     import highdicom as hd
 
@@ -408,38 +401,17 @@ def import_seg(
         ConfigurationError: ``source``, ``images`` or ``label_file`` does not exist or cannot
             be read.
     """
-    source = Path(source).resolve()
-    if not source.exists():
-        raise ConfigurationError(f"{source}: no such SEG file or folder")
-    if images is not None:
-        images = Path(images).resolve()
-    else:
-        images = source if source.is_dir() else source.parent
-    if not images.is_dir():
-        raise ConfigurationError(f"{images}: no such folder of images (give --images)")
     if label_file is not None and not Path(label_file).is_file():
         raise ConfigurationError(f"{label_file}: no such label file")
-    base = Provenance(SourceType.SEG, str(source), "", annotator or "unknown", licence)
-    out = _Collected({}, [], [])
-    files = [p for p in iter_files(source) if _is_seg(p)]
-    if not files:
-        reason = "not a DICOM SEG" if source.is_file() else "no DICOM SEG file under this folder"
-        out.skipped.append(Skipped(SourceType.SEG, base.path, str(source), "", reason))
-    index = ImageIndex(images) if files else ImageIndex.empty(images)
-    for path in files:
-        relative = "" if source.is_file() else path.relative_to(source).as_posix()
-        _import_file(path, relative, index, base, label_file, out)
-    logger.info(
-        "SEG import of %s: %d findings, %d series, %d skipped",
-        source,
-        len(out.findings),
-        len(out.studies),
-        len(out.skipped),
-    )
-    return ImportResult(
+    return import_objects(
         SourceType.SEG,
-        base.path,
-        tuple(out.studies[key] for key in sorted(out.studies)),
-        tuple(out.findings),
-        tuple(out.skipped),
+        source,
+        images=images,
+        annotator=annotator,
+        licence=licence,
+        is_object=_is_seg,
+        name="SEG",
+        import_file=lambda path, relative, index, base, out: _import_file(
+            path, relative, index, base, label_file, out
+        ),
     )

@@ -49,10 +49,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ingestion.dataset._dicom_import import Collected, import_objects
 from ingestion.dataset._dicom_values import (
     UnusableError,
     code_meaning,
@@ -81,8 +81,6 @@ from ingestion.dataset.format import (
     SourceType,
     finding_id,
 )
-from ingestion.errors import ConfigurationError
-from ingestion.scan import iter_files
 
 if TYPE_CHECKING:
     from pydicom import Dataset
@@ -196,15 +194,6 @@ def _study_row(index: ImageIndex, ref: SeriesRef, provenance: Provenance) -> Dat
     )
 
 
-@dataclass
-class _Collected:
-    """What an import found so far."""
-
-    studies: dict[str, DatasetStudy]
-    findings: list[DatasetFinding]
-    skipped: list[Skipped]
-
-
 def _group_label(number: int, group: Dataset) -> str:
     tracking = text_of(group, "112039")
     return f"measurement group {number}" + (f" (tracking id {tracking})" if tracking else "")
@@ -216,7 +205,7 @@ def _import_file(
     index: ImageIndex,
     base: Provenance,
     annotator: str | None,
-    out: _Collected,
+    out: Collected,
 ) -> None:
     import highdicom as hd
     from pydicom.sr.codedict import codes
@@ -313,37 +302,15 @@ def import_sr(
     Raises:
         ConfigurationError: ``source`` or ``images`` does not exist.
     """
-    source = Path(source).resolve()
-    if not source.exists():
-        raise ConfigurationError(f"{source}: no such SR file or folder")
-    images = (
-        Path(images).resolve()
-        if images is not None
-        else (source if source.is_dir() else source.parent)
-    )
-    if not images.is_dir():
-        raise ConfigurationError(f"{images}: no such folder of images (give --images)")
-    base = Provenance(SourceType.SR, str(source), "", annotator or "unknown", licence)
-    out = _Collected({}, [], [])
-    files = [p for p in iter_files(source) if _is_sr(p)]
-    if not files:
-        reason = "not a DICOM SR" if source.is_file() else "no DICOM SR file under this folder"
-        out.skipped.append(Skipped(SourceType.SR, base.path, str(source), "", reason))
-    index = ImageIndex(images) if files else ImageIndex.empty(images)
-    for path in files:
-        relative = "" if source.is_file() else path.relative_to(source).as_posix()
-        _import_file(path, relative, index, base, annotator, out)
-    logger.info(
-        "SR import of %s: %d findings, %d series, %d skipped",
-        source,
-        len(out.findings),
-        len(out.studies),
-        len(out.skipped),
-    )
-    return ImportResult(
+    return import_objects(
         SourceType.SR,
-        base.path,
-        tuple(out.studies[uid] for uid in sorted(out.studies)),
-        tuple(out.findings),
-        tuple(out.skipped),
+        source,
+        images=images,
+        annotator=annotator,
+        licence=licence,
+        is_object=_is_sr,
+        name="SR",
+        import_file=lambda path, relative, index, base, out: _import_file(
+            path, relative, index, base, annotator, out
+        ),
     )

@@ -55,7 +55,9 @@ __all__ = [
     "Configuration",
     "ConfigurationResult",
     "compare",
+    "json_safe",
     "numeric_items",
+    "results_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -329,16 +331,18 @@ def compare(
     )
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts, lists, tuples) as None, so
+    that it is valid JSON (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def results_json(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as JSON (NaN written as null)."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    return json.dumps([clean(dict(r)) for r in rows], indent=2) + "\n"
+    return json.dumps([json_safe(dict(r)) for r in rows], indent=2) + "\n"

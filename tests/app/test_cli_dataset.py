@@ -165,3 +165,44 @@ def test_sr_round_trip_through_a_dataset_gives_back_the_srs_values(
     assert summary["lesion_recall_10mm"] in (1.0, None) and summary["vessel_recall"] in (1.0, None)
     assert all(mae == pytest.approx(0.0, abs=1e-6) for mae in summary["mae_mm"].values())
     assert summary["false_findings"] == 0 and summary["unjudged_findings"] == 0
+
+
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real-ct"
+
+
+@pytest.mark.skipif(
+    not (REAL / "cases.json").is_file(), reason=f"the real CT development set is not at {REAL}"
+)
+def test_evaluate_on_real_cases_end_to_end(tmp_path: Path) -> None:
+    """Real CT and MR through the commands a site uses: the CT nodule is measured and scored,
+    the MR study is refused and its tumour counted apart."""
+    cases = {c["id"]: c for c in json.loads((REAL / "cases.json").read_text())["cases"]}
+    data = tmp_path / "real"
+    for case_id in ("lidc0314_nodule", "mr_brain2"):
+        case = cases[case_id]
+        labels = tmp_path / f"{case_id}.json"
+        labels.write_text(json.dumps(case["label_map"]))
+        folder = REAL / case["input"].split("/")[0]
+        imported = runner.invoke(
+            app,
+            [
+                *("dataset", "import", str(folder / "labels.nii.gz"), str(data)),
+                *("--from", "masks", "--image", str(REAL / case["input"])),
+                *("--labels", str(labels), "--modality", case["modality"]),
+                *("--licence", case["source"]["licence"]),
+            ],
+        )
+        assert imported.exit_code == 0, imported.output
+    evaluated = runner.invoke(
+        app, ["evaluate", "--dataset", str(data), "--out", str(tmp_path / "e")]
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    result = json.loads((tmp_path / "e" / "evaluation.json").read_text())
+    by_case = {Path(s["image"]).parent.name: s for s in result["studies"]}
+    nodule, brain = by_case["lidc0314_nodule"], by_case["mr_brain2"]
+    assert not nodule["refused"] and nodule["true_findings"] == 1 and nodule["seconds"] > 0
+    assert brain["refused"] and "MR" in brain["error"]
+    summary = result["summary"]
+    assert (summary["studies"], summary["refused"]) == (2, 1)
+    assert summary["lesions_10mm"] == 1 and summary["findings_in_refused_studies"] == 1
+    assert "| lidc0314_nodule/dicom | 1 |" in evaluated.output

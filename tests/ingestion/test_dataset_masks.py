@@ -321,3 +321,54 @@ def test_without_a_label_file_or_an_image(pair: tuple[Path, Path, Path]) -> None
         import_masks(labels, image=image, modality="CT")
     with pytest.raises(ConfigurationError, match="give the image"):
         import_masks(labels, label_file=labels.parent / "roles.json")
+
+
+def test_nrrd_image_with_seg_nrrd_labels_imports_as_its_nifti_pair(
+    pair: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A 3D Slicer case folder (image.nrrd + labels.seg.nrrd, LPS) gives the NIfTI pair's rows,
+    and training's loader reads its image back."""
+    nrrd = pytest.importorskip("nrrd")
+    from ingestion.dataset.format import read_dataset
+    from model.measurer.pool import load_dataset_volume
+
+    image, labels, label_file = pair
+    lps = RAS_TO_LPS @ volume_to_nifti_affine(GEOMETRY)  # LPS over (i, j, k)
+    header = {
+        "space": "left-posterior-superior",
+        "space directions": lps[:3, :3].T,
+        "space origin": lps[:3, 3],
+    }
+    case = tmp_path / "slicer" / "case_1"
+    case.mkdir(parents=True)
+    image_values = (np.zeros(SHAPE) + 40.0).transpose(2, 1, 0).astype(np.int16)
+    nrrd.write(str(case / "image.nrrd"), image_values, header)
+    nrrd.write(str(case / "labels.seg.nrrd"), _labels().transpose(2, 1, 0).astype(np.uint8), header)
+    from_nrrd = import_masks(case.parent, label_file=label_file, modality="CT")
+    from_nifti = import_masks(labels, image=image, label_file=label_file, modality="CT")
+    (study,) = from_nrrd.studies
+    assert study.image.format == "nrrd" and study.image.modality == "CT"
+    assert study.image.path == str((case / "image.nrrd").resolve())
+    assert study.annotated == from_nifti.studies[0].annotated
+
+    # the same rows but for what names the input (ids, image, UIDs derived from the file), and
+    # numbers within 1e-5 mm (the NIfTI affine is float32, NRRD's float64)
+    left_out = {"id", "image", "provenance", "study_instance_uid", "series_instance_uid"}
+    assert len(from_nrrd.findings) == len(from_nifti.findings) == 2
+    for got, want in zip(from_nrrd.findings, from_nifti.findings, strict=True):
+        assert got.provenance.item == want.provenance.item
+        got_row, want_row = got.to_json(), want.to_json()
+        assert got_row.keys() == want_row.keys()
+        for key in got_row.keys() - left_out:
+            if isinstance(want_row[key], float | list):
+                np.testing.assert_allclose(got_row[key], want_row[key], atol=1e-5, err_msg=key)
+            else:
+                assert got_row[key] == want_row[key], key
+    assert [(s.item, s.reason) for s in from_nrrd.skipped] == [
+        (s.item, s.reason) for s in from_nifti.skipped
+    ]
+    write_import(tmp_path / "dataset", [from_nrrd])
+    dataset = read_dataset(tmp_path / "dataset")
+    volume = load_dataset_volume(dataset, study.series_instance_uid)
+    np.testing.assert_array_equal(volume.voxels, np.full(SHAPE, 40.0, dtype=np.float32))
+    np.testing.assert_allclose(volume.affine, GEOMETRY.affine, atol=1e-9)
