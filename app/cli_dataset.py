@@ -18,9 +18,10 @@ import typer
 from rich.table import Table
 
 from app.console import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, err, out, safe, settings_of
+from app.progress import progress_display
 
 if TYPE_CHECKING:
-    from ingestion.dataset.format import Dataset, ImportResult
+    from ingestion.dataset.format import Dataset, ImportProgress, ImportResult
 
 __all__ = ["dataset_app"]
 
@@ -51,6 +52,7 @@ def _run_import(
     annotator: str | None,
     licence: str | None,
     modality: str | None,
+    on_item: ImportProgress,
 ) -> ImportResult:
     """Call the importer of ``kind`` (each imports its libraries when called)."""
     if kind is SourceKind.STORE:
@@ -72,6 +74,7 @@ def _run_import(
             annotator=annotator or "unknown",
             licence=licence or "unknown",
             modality=modality,
+            on_item=on_item,
         )
     if kind is SourceKind.SEG:
         from ingestion.dataset.seg import import_seg
@@ -82,14 +85,21 @@ def _run_import(
             label_file=labels,
             annotator=annotator,
             licence=licence or "unknown",
+            on_item=on_item,
         )
     if kind is SourceKind.SR:
         from ingestion.dataset.sr import import_sr
 
-        return import_sr(path, images=images, annotator=annotator, licence=licence or "unknown")
+        return import_sr(
+            path,
+            images=images,
+            annotator=annotator,
+            licence=licence or "unknown",
+            on_item=on_item,
+        )
     from ingestion.dataset.phantoms import import_phantoms
 
-    return import_phantoms(path, **({"licence": licence} if licence else {}))
+    return import_phantoms(path, on_item=on_item, **({"licence": licence} if licence else {}))
 
 
 @dataset_app.command("import")
@@ -157,16 +167,24 @@ def import_command(
     if kind is SourceKind.STORE and source == "default":
         source = settings_of(ctx).effective_database_url
     try:
-        result = _run_import(
-            kind,
-            source,
-            image=image,
-            images=images,
-            labels=labels,
-            annotator=annotator,
-            licence=licence,
-            modality=modality.upper() if modality else None,
-        )
+        with progress_display() as progress:
+            task = progress.add_task(f"importing ({kind.value})", total=None, status="")
+
+            def on_item(done: int, total: int, item: str) -> None:
+                progress.update(task, completed=done, total=total, status=safe(Path(item).name))
+
+            result = _run_import(
+                kind,
+                source,
+                image=image,
+                images=images,
+                labels=labels,
+                annotator=annotator,
+                licence=licence,
+                modality=modality.upper() if modality else None,
+                on_item=on_item,
+            )
+            progress.update(task, completed=1, total=1, status="")
         dataset = write_import(out_dir, [result])
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)

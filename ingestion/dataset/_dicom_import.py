@@ -12,6 +12,7 @@ from ingestion.dataset._series_index import ImageIndex
 from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
+    ImportProgress,
     ImportResult,
     Provenance,
     Skipped,
@@ -49,6 +50,7 @@ def import_objects(
     is_object: Callable[[Path], bool],
     name: str,
     import_file: FileImporter,
+    on_item: ImportProgress | None = None,
 ) -> ImportResult:
     """Import every file of ``source`` (a file, or a folder searched recursively) for which
     ``is_object`` holds, with ``import_file``, against the series under ``images`` (default:
@@ -76,7 +78,9 @@ def import_objects(
         )
         out.skipped.append(Skipped(kind, base.path, str(source), "", reason))
     index = ImageIndex(folder) if files else ImageIndex.empty(folder)
-    for path in files:
+    for done, path in enumerate(files):
+        if on_item is not None:
+            on_item(done, len(files), str(path))
         relative = "" if source.is_file() else path.relative_to(source).as_posix()
         import_file(path, relative, index, base, out)
     logger.info(

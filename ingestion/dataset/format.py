@@ -26,7 +26,7 @@ import enum
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -40,6 +40,7 @@ __all__ = [
     "DatasetFinding",
     "DatasetStudy",
     "ImageRef",
+    "ImportProgress",
     "ImportResult",
     "Label",
     "Provenance",
@@ -62,6 +63,10 @@ Vector3 = tuple[float, float, float]
 Segment = tuple[Vector3, Vector3]
 KindName = Literal["lesion", "vessel"]
 KINDS: tuple[KindName, ...] = ("lesion", "vessel")
+
+
+ImportProgress = Callable[[int, int, str], None]
+"""Called by an importer before each item of a folder: (items done, items in all, the item)."""
 
 
 class TrueFinding(Protocol):

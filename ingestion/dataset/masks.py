@@ -44,6 +44,7 @@ from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
     ImageRef,
+    ImportProgress,
     ImportResult,
     KindName,
     Label,
@@ -640,6 +641,7 @@ def import_masks(
     annotator: str = "unknown",
     licence: str = "unknown",
     modality: str | None = None,
+    on_item: ImportProgress | None = None,
 ) -> ImportResult:
     """Import label maps with their images (module doc).
 
@@ -651,6 +653,7 @@ def import_masks(
             a Decathlon folder's dataset.json serves when none is given.
         annotator, licence: recorded in every row's provenance.
         modality: "CT" or "MR" for NIfTI and NRRD images (which do not record it).
+        on_item: progress, called before each pair.
 
     Raises:
         ConfigurationError: no label file, an unusable label file, a source with no label map,
@@ -675,7 +678,9 @@ def import_masks(
     def skip(file: Path, reason: str) -> None:
         skipped.append(Skipped(SourceType.MASKS, provenance.path, str(file), "", reason))
 
-    for labels_path, image_path in pairs:
+    for done, (labels_path, image_path) in enumerate(pairs):
+        if on_item is not None:
+            on_item(done, len(pairs), str(labels_path))
         if image_path is None:
             skip(
                 labels_path,

@@ -37,6 +37,7 @@ from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
     ImageRef,
+    ImportProgress,
     ImportResult,
     Label,
     Provenance,
@@ -67,8 +68,11 @@ class _Study:
     findings: tuple[TruthFinding, ...]
 
 
-def import_phantoms(source: Path, *, licence: str = DEFAULT_LICENCE) -> ImportResult:
-    """The studies under the phantom folder ``source`` as dataset rows (module doc).
+def import_phantoms(
+    source: Path, *, licence: str = DEFAULT_LICENCE, on_item: ImportProgress | None = None
+) -> ImportResult:
+    """The studies under the phantom folder ``source`` as dataset rows (module doc);
+    ``on_item``: progress, called before each study folder.
 
     Raises:
         ConfigurationError: ``source`` is not a folder, or holds no ``truth.json``; an empty
@@ -94,7 +98,9 @@ def import_phantoms(source: Path, *, licence: str = DEFAULT_LICENCE) -> ImportRe
     findings: list[DatasetFinding] = []
     skipped: list[Skipped] = []
     seen: dict[str, Path] = {}  # series UID -> the folder it was imported from
-    for folder in folders:
+    for done, folder in enumerate(folders):
+        if on_item is not None:
+            on_item(done, len(folders), str(folder))
         name = folder.relative_to(root).as_posix()
         truth_path = folder / TRUTH_NAME
         try:

@@ -53,6 +53,7 @@ from ingestion.dataset._series_index import ImageIndex
 from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
+    ImportProgress,
     ImportResult,
     KindName,
     Provenance,
@@ -381,6 +382,7 @@ def import_seg(
     label_file: Path | None = None,
     annotator: str | None = None,
     licence: str = "unknown",
+    on_item: ImportProgress | None = None,
 ) -> ImportResult:
     """Import the DICOM SEG files of ``source`` (a file or a folder tree) on their series.
 
@@ -392,6 +394,7 @@ def import_seg(
             overrides the segments' codes.
         annotator: who made the segmentation; default: from each SEG (module doc).
         licence: the input's licence or terms of use.
+        on_item: progress, called before each file.
 
     Returns:
         The findings of every segment with a role, one study per SEG and series, and a Skipped
@@ -414,4 +417,5 @@ def import_seg(
         import_file=lambda path, relative, index, base, out: _import_file(
             path, relative, index, base, label_file, out
         ),
+        on_item=on_item,
     )

@@ -74,6 +74,7 @@ from ingestion.dataset._sr_group import (
 from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
+    ImportProgress,
     ImportResult,
     Label,
     Provenance,
@@ -285,6 +286,7 @@ def import_sr(
     images: Path | None = None,
     annotator: str | None = None,
     licence: str = "unknown",
+    on_item: ImportProgress | None = None,
 ) -> ImportResult:
     """Import the TID 1500 measurement reports of ``source`` (an SR file or a folder tree).
 
@@ -294,6 +296,7 @@ def import_sr(
             ``source`` when it is a folder, else the SR file's folder.
         annotator: who made the measurements; default: from each SR (module doc).
         licence: the input's licence or terms of use.
+        on_item: progress, called before each file.
 
     Returns:
         One finding per usable measurement group, one study per referenced series found under
@@ -313,4 +316,5 @@ def import_sr(
         import_file=lambda path, relative, index, base, out: _import_file(
             path, relative, index, base, annotator, out
         ),
+        on_item=on_item,
     )
