@@ -50,11 +50,15 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def import_cases(data: Path, dataset: Path, work: Path, ids: set[str] | None) -> list[str]:
-    """Import the chosen cases with the CLI; returns a markdown table of what happened."""
+def import_cases(
+    data: Path, dataset: Path, work: Path, ids: set[str] | None
+) -> tuple[list[str], dict[str, str]]:
+    """Import the chosen cases with the CLI; returns a markdown table of what happened and,
+    per case that gave no series, why."""
     cases = json.loads((data / "cases.json").read_text())["cases"]
     (work / "labels").mkdir(parents=True, exist_ok=True)
     lines = ["| case | exit | imported | skipped |", "|---|---|---|---|"]
+    not_imported: dict[str, str] = {}
     for case in cases:
         if ids is not None and case["id"] not in ids:
             continue
@@ -77,21 +81,32 @@ def import_cases(data: Path, dataset: Path, work: Path, ids: set[str] | None) ->
         for line in said + skipped:
             print(f"  {line}")
         summary = said[-1].split(" from ")[0] if said else done.stderr.strip()[-200:]
+        if done.returncode == 2 or "Imported 0 series" in summary:
+            not_imported[case["id"]] = "; ".join(skipped) or summary
         lines.append(
             f"| {case['id']} | {done.returncode} | {summary.replace('|', '/')} | "
             f"{'; '.join(s.replace('|', '/')[:200] for s in skipped) or '-'} |"
         )
-    return lines
+    return lines, not_imported
 
 
-def expectations(data: Path, evaluation: dict[str, object]) -> list[str]:
-    """Each case's outcome next to what cases.json expects of it."""
+def expectations(
+    data: Path, evaluation: dict[str, object], not_imported: dict[str, str]
+) -> list[str]:
+    """Each case's outcome next to what cases.json expects of it (a case that could not be
+    imported was refused at the door)."""
     cases = json.loads((data / "cases.json").read_text())["cases"]
     by_image = {str((data / c["input"]).resolve()): c for c in cases}
     lines = [
         "| case | expected | outcome | as expected | found / true | reported (false) |",
         "|---|---|---|---|---|---|",
     ]
+    for case_id, reason in sorted(not_imported.items()):
+        expect = next(c["expect"] for c in cases if c["id"] == case_id)
+        lines.append(
+            f"| {case_id} | {expect} | not imported ({reason.replace('|', '/')[:140]}) | "
+            f"{'yes' if expect == 'refuse' else 'NO'} | - | - |"
+        )
     studies = evaluation["studies"]
     assert isinstance(studies, list)
     for study in studies:
@@ -123,7 +138,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         dataset = work / "dataset"
-        imports = import_cases(args.data, dataset, work, ids)
+        imports, not_imported = import_cases(args.data, dataset, work, ids)
         began = time.perf_counter()
         model = ["--model", str(args.model)] if args.model else []
         done = _run(["evaluate", "--dataset", str(dataset), *model, "--out", str(work / "eval")])
@@ -148,7 +163,7 @@ def main() -> None:
             "",
             "Each case against `cases.json`'s expectation:",
             "",
-            *expectations(args.data, evaluation),
+            *expectations(args.data, evaluation, not_imported),
             "",
             "`radcaliper evaluate --dataset` (its `evaluation.md`):",
             "",

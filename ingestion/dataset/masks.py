@@ -17,7 +17,9 @@ lesion touching the image edge (in-plane, or the first or last slice: truncated)
 fewer than ``MIN_LESION_VOXELS`` voxels, a vessel with no whole section of at least
 ``MIN_SECTION_AREA_MM2``, a label map on another grid than its image (nothing is resampled).
 
-Inputs (:func:`import_masks`): a label map file with its ``image``; or a folder of pairs:
+Inputs (:func:`import_masks`): a label map file with its ``image`` (the input is the pair:
+its provenance path reads ``LABELS on IMAGE``, so one label map imported on two images is two
+inputs); or a folder of pairs:
 
 - case folders: ``CASE/labels.nii.gz`` (or ``labels.nii`` / ``labels.nrrd`` / ``labels.seg.nrrd``)
   with ``CASE/image.nii.gz`` (or ``image.nii`` / ``image.nrrd``), or a ``CASE/dicom/`` series
@@ -670,7 +672,12 @@ def import_masks(
         )
     roles = read_label_file(Path(label_file) if label_file is not None else msd_info)  # type: ignore[arg-type]
     annotated = tuple(sorted({kind for _, kind in roles.values()}))
-    provenance = Provenance(SourceType.MASKS, str(source.resolve()), "", annotator, licence)
+    # the input: a folder of pairs, or one label map ON its image (two images may share a label
+    # map, e.g. two copies of one series: they are two inputs, neither replaces the other)
+    input_path = str(source.resolve())
+    if image is not None:
+        input_path = f"{input_path} on {Path(image).resolve()}"
+    provenance = Provenance(SourceType.MASKS, input_path, "", annotator, licence)
     studies: list[DatasetStudy] = []
     findings: list[DatasetFinding] = []
     skipped: list[Skipped] = []

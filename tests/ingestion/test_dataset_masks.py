@@ -171,6 +171,24 @@ def test_import_twice_gives_identical_files(pair: tuple[Path, Path, Path], tmp_p
     assert contents[0]["findings.jsonl"].count(b"\n") == 2
 
 
+def test_one_label_map_on_two_images_is_two_inputs(
+    pair: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Two images may share a label map (two copies of a series): importing it on the second
+    image adds that image's rows and keeps the first's (bench_real found the second replacing
+    the first when the input was the label map alone)."""
+    image, labels, label_file = pair
+    copy = _write_nifti(tmp_path / "copy.nii.gz", np.zeros(SHAPE) + 41.0)  # another file: UIDs
+    first = import_masks(labels, image=image, label_file=label_file, modality="CT")
+    second = import_masks(labels, image=copy, label_file=label_file, modality="CT")
+    assert first.path == f"{labels.resolve()} on {image.resolve()}" != second.path
+    dataset = write_import(tmp_path / "ds", [first])
+    dataset = write_import(tmp_path / "ds", [second])
+    assert len(dataset.series()) == 2 and len(dataset.findings) == 4
+    again = write_import(tmp_path / "ds", [second])  # the same pair again: replaced, not added
+    assert len(again.findings) == 4
+
+
 def test_flipped_and_permuted_label_map_is_the_same_grid(
     pair: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
