@@ -30,7 +30,8 @@ if TYPE_CHECKING:
         read_dataset,
         write_import,
     )
-    from ingestion.dataset.masks import findings_from_labels, import_masks, read_label_file
+    from ingestion.dataset.label_file import read_label_file
+    from ingestion.dataset.masks import findings_from_labels, import_masks
     from ingestion.dataset.phantoms import import_phantoms
     from ingestion.dataset.recist import LesionAxes, VesselSection, lesion_axes, vessel_sections
     from ingestion.dataset.seg import import_seg
@@ -55,11 +56,8 @@ _SOURCES = {
         "read_dataset",
         "write_import",
     ),
-    "ingestion.dataset.masks": (
-        "findings_from_labels",
-        "import_masks",
-        "read_label_file",
-    ),
+    "ingestion.dataset.label_file": ("read_label_file",),
+    "ingestion.dataset.masks": ("findings_from_labels", "import_masks"),
     "ingestion.dataset.phantoms": ("import_phantoms",),
     "ingestion.dataset.recist": (
         "LesionAxes",

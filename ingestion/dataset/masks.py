@@ -31,9 +31,7 @@ inputs); or a folder of pairs:
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ingestion.dataset._label_grid import GridMismatch, on_image_grid, read_label_map
 from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,
@@ -55,22 +54,18 @@ from ingestion.dataset.format import (
     SourceType,
     finding_id,
 )
+from ingestion.dataset.label_file import read_label_file
 from ingestion.dataset.recist import VesselSection, lesion_axes, vessel_sections, z_range_lps_mm
 from ingestion.errors import ConfigurationError, IngestionError
 from ingestion.geometry import Geometry
 from ingestion.load import load_path
-from ingestion.nifti import RAS_TO_LPS, nifti_affine_to_lps
 from ingestion.volume import Modality, SourceFormat, Volume
 
 __all__ = [
-    "LESION_NAMES",
     "MIN_LESION_VOXELS",
     "MIN_SECTION_AREA_MM2",
-    "VESSEL_NAMES",
     "findings_from_labels",
     "import_masks",
-    "kind_of_name",
-    "read_label_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,60 +73,7 @@ logger = logging.getLogger(__name__)
 MIN_LESION_VOXELS = 3
 MIN_SECTION_AREA_MM2 = 20.0
 TRUNCATED = "touches the image edge: truncated, not measured"
-GRID_TOLERANCE_MM = 1e-3
-"""A label map is on its image's grid when its voxels lie within this distance (mm) of the
-image's, with the same spacing (within this tolerance too) ..."""
-GRID_TOLERANCE_COS = 1e-4
-"""... and axes along the image's (direction cosines within this), up to order and flips."""
-_AXES = ("slice", "row", "column")
 
-LESION_NAMES = frozenset(
-    {"lesion", "tumor", "tumour", "cancer", "nodule", "gtv", "metastasis", "metastases", "mass"}
-)
-"""Label names (lower case, ``_``/``-``/space-separated words) that make a label a lesion: the
-name is one of these or has one of them as a word ("liver_tumor", "GTV-1", "lung nodule")."""
-
-VESSEL_NAMES = frozenset(
-    {
-        "aorta",
-        "inferior_vena_cava",
-        "superior_vena_cava",
-        "portal_vein_and_splenic_vein",
-        "portal_vein",
-        "splenic_vein",
-        "pulmonary_artery",
-        "pulmonary_vein",
-        "brachiocephalic_trunk",
-        "brachiocephalic_vein_left",
-        "brachiocephalic_vein_right",
-        "common_carotid_artery_left",
-        "common_carotid_artery_right",
-        "subclavian_artery_left",
-        "subclavian_artery_right",
-        "iliac_artery_left",
-        "iliac_artery_right",
-        "iliac_vena_left",
-        "iliac_vena_right",
-        "hepatic_vessel",
-        "vessel",
-        "artery",
-        "vein",
-    }
-)
-"""Label names (TotalSegmentator's, lower case) that make a label a vessel; also any name with
-the word "artery", "vein", "vena" or "vessel" in it."""
-
-_VESSEL_WORDS = frozenset({"artery", "arteries", "vein", "veins", "vena", "vessel", "vessels"})
-_ROLE_KIND: dict[str, KindName | None] = {
-    "lesion": "lesion",
-    "vessel": "vessel",
-    "target_vessel": "vessel",
-    "other_vessel": "vessel",
-    "target": "vessel",
-    "organ": None,
-    "background": None,
-    "ignore": None,
-}
 _LABEL_SUFFIXES = (".nii.gz", ".nii", ".seg.nrrd", ".nrrd", ".nhdr")
 _IMAGE_FORMAT = {
     SourceFormat.DICOM: "dicom",
@@ -348,206 +290,6 @@ def findings_from_labels(
     return findings, skipped
 
 
-# -- the label file -------------------------------------------------------------------------------
-def _words(name: str) -> list[str]:
-    return [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
-
-
-def kind_of_name(name: str) -> KindName | None:
-    """ "lesion", "vessel" or None (not known) for a label's name (``LESION_NAMES``,
-    ``VESSEL_NAMES``)."""
-    words = _words(name)
-    if "_".join(words) in VESSEL_NAMES:
-        return "vessel"
-    if "_".join(words) in LESION_NAMES or any(w in LESION_NAMES for w in words):
-        return "lesion"
-    if any(w in _VESSEL_WORDS for w in words):
-        return "vessel"
-    return None
-
-
-def _entry(path: Path, key: str, value: object) -> tuple[str, KindName | None, bool]:
-    """(name, kind, known) of one label file entry; ``known`` is False for a name that is
-    neither a role nor a known lesion or vessel name."""
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in _ROLE_KIND:
-            return value, _ROLE_KIND[word], True
-        kind = kind_of_name(value)
-        return value, kind, kind is not None
-    if isinstance(value, Mapping):
-        name = value.get("name", "")
-        role = value.get("role")
-        if not isinstance(name, str):
-            raise ConfigurationError(f"{path}: label {key}: name must be text, got {name!r}")
-        if role is None:
-            kind = kind_of_name(name)
-            return name, kind, kind is not None
-        if not isinstance(role, str) or role.strip().lower() not in _ROLE_KIND:
-            raise ConfigurationError(
-                f"{path}: label {key}: unknown role {role!r}; use one of "
-                f"{', '.join(sorted(_ROLE_KIND))}"
-            )
-        return name or role, _ROLE_KIND[role.strip().lower()], True
-    raise ConfigurationError(
-        f"{path}: label {key}: expected a name, a role or {{'name': ..., 'role': ...}}, "
-        f"got {value!r}"
-    )
-
-
-def read_label_file(path: Path) -> dict[int, tuple[str, KindName]]:
-    """Which label values are lesions and which are vessels, from a JSON label file.
-
-    Accepted (label values as JSON keys):
-
-    - roles: ``{"1": "lesion", "2": "vessel"}`` (also ``target_vessel``, ``other_vessel``;
-      ``organ``, ``background`` and ``ignore`` are left out);
-    - names and roles, as the shared real-CT ``cases.json`` writes them:
-      ``{"52": {"name": "aorta", "role": "target_vessel"}}`` (a whole case with a
-      ``"label_map"`` key is read too);
-    - names: ``{"52": "aorta", "1": "liver_tumor"}``, classified by :func:`kind_of_name`;
-    - a Medical Segmentation Decathlon ``dataset.json``: ``{"labels": {"0": "background",
-      "1": "liver", "2": "cancer"}}`` (or its name -> value form).
-
-    Names that are neither lesions nor vessels are left out with a log line.
-
-    Returns:
-        label value -> (name, "lesion" | "vessel").
-
-    Raises:
-        ConfigurationError: unreadable JSON, a key that is not a label value, an unknown role,
-            or a file that names no lesion and no vessel.
-    """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ConfigurationError(f"{path}: cannot read the label file ({error})") from error
-    if isinstance(data, Mapping) and isinstance(data.get("label_map"), Mapping):
-        data = data["label_map"]
-    elif isinstance(data, Mapping) and isinstance(data.get("labels"), Mapping):
-        data = data["labels"]
-        if data and all(isinstance(v, int) for v in data.values()):  # {"liver": 1}: MSD v2
-            data = {str(v): k for k, v in data.items()}
-    if not isinstance(data, Mapping):
-        raise ConfigurationError(f"{path}: a label file is a JSON object of label values")
-    roles: dict[int, tuple[str, KindName]] = {}
-    for key, value in data.items():
-        try:
-            number = int(str(key).strip())
-        except ValueError as error:
-            raise ConfigurationError(
-                f"{path}: {key!r} is not a label value (an integer); see read_label_file"
-            ) from error
-        name, kind, known = _entry(path, str(key), value)
-        if not known:
-            logger.info(
-                "%s: label %d (%s): neither a lesion nor a vessel: ignored", path, number, name
-            )
-        if kind is not None and number != 0:
-            roles[number] = (name, kind)
-    if not roles:
-        raise ConfigurationError(
-            f"{path}: the label file names no lesion and no vessel label; give roles, e.g. "
-            '{"1": "lesion", "2": "vessel"} or {"52": {"name": "aorta", "role": "target_vessel"}}'
-        )
-    return roles
-
-
-# -- reading a label map onto an image's grid -----------------------------------------------------
-class _GridMismatch(Exception):
-    pass
-
-
-def _read_label_map(path: Path) -> tuple[npt.NDArray[np.int64], Geometry]:
-    """The label map as (slices, rows, columns) integers with its LPS geometry, read with
-    MONAI's NibabelReader (NIfTI) or NrrdReader (NRRD: through ``ingestion.nrrd.load_nrrd``,
-    which takes the geometry from the file's named space and refuses a file without one)."""
-    import warnings
-
-    if path.name.endswith(".nrrd"):
-        from ingestion.nrrd import load_nrrd
-
-        volume = load_nrrd(path)  # IngestionError: the caller reports it as unreadable
-        voxels = volume.voxels
-        if not np.array_equal(voxels, np.round(voxels)):
-            raise _GridMismatch("label map values are not integers (a probability map?)")
-        return voxels.astype(np.int64), volume.geometry
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from monai.data.image_reader import NibabelReader
-        from monai.transforms.io.array import LoadImage
-
-        reader = NibabelReader()
-        data, meta = LoadImage(reader=reader, image_only=False, dtype=None)(str(path))
-    array = np.asarray(data)
-    if array.ndim == 4 and array.shape[3] == 1:
-        array = array[..., 0]
-    if array.ndim != 3:
-        raise _GridMismatch(f"label map of shape {array.shape}: a 3-D label map is needed")
-    if not np.all(np.isfinite(array)) or not np.array_equal(array, np.round(array)):
-        raise _GridMismatch("label map values are not integers (a probability map?)")
-    space = str(meta.get("space", "RAS"))
-    affine = np.asarray(meta["affine"], dtype=np.float64)
-    if space.upper() not in ("RAS", "LPS"):
-        raise _GridMismatch(f"label map in space {space!r}, neither RAS nor LPS")
-    if space.upper() == "LPS":  # MONAI reports the NIfTI-style (RAS) affine unless told not to
-        affine = RAS_TO_LPS @ affine
-    try:
-        geometry = Geometry.from_affine(nifti_affine_to_lps(affine))
-    except ValueError as error:
-        raise _GridMismatch(f"unusable label map affine ({error})") from error
-    return np.ascontiguousarray(array.transpose(2, 1, 0)).astype(np.int64), geometry
-
-
-def _on_image_grid(
-    labels: npt.NDArray[np.int64], grid: Geometry, image_shape: tuple[int, ...], image: Geometry
-) -> npt.NDArray[np.int64]:
-    """``labels`` (on ``grid``) on the image's grid, when the two are the same grid up to axis
-    order and flips (positions within GRID_TOLERANCE_MM, directions within
-    GRID_TOLERANCE_COS); else _GridMismatch saying how they differ."""
-    lab_dirs, img_dirs = grid.direction, image.direction  # columns: (slice, row, column)
-    perm: list[int] = []
-    flips: list[bool] = []
-    for i in range(3):
-        dots = img_dirs[:, i] @ lab_dirs
-        j = int(np.argmax(np.abs(dots)))
-        sign = 1.0 if dots[j] > 0 else -1.0
-        if np.linalg.norm(img_dirs[:, i] - sign * lab_dirs[:, j]) > GRID_TOLERANCE_COS:
-            raise _GridMismatch(
-                f"image axis {_AXES[i]} {np.round(img_dirs[:, i], 5).tolist()} is along no label "
-                f"map axis (directions {np.round(lab_dirs.T, 5).tolist()})"
-            )
-        if abs(image.spacing[i] - grid.spacing[j]) > GRID_TOLERANCE_MM:
-            raise _GridMismatch(
-                f"spacing along the image's {_AXES[i]} axis is {image.spacing[i]:.4f} mm, the "
-                f"label map's {grid.spacing[j]:.4f} mm"
-            )
-        if image_shape[i] != labels.shape[j]:
-            raise _GridMismatch(
-                f"image of {image_shape[i]} voxels along its {_AXES[i]} axis, label map of "
-                f"{labels.shape[j]}"
-            )
-        perm.append(j)
-        flips.append(sign < 0)
-    if sorted(perm) != [0, 1, 2]:
-        raise _GridMismatch("two image axes lie along one label map axis")
-    moved = labels.transpose(perm)
-    for axis, flip in enumerate(flips):
-        if flip:
-            moved = np.flip(moved, axis=axis)
-    start = np.array([labels.shape[j] - 1 if f else 0 for j, f in zip(perm, flips, strict=True)])
-    corner = np.zeros(3)
-    corner[perm] = start
-    offset = float(np.linalg.norm(grid.index_to_lps(corner) - np.asarray(image.origin)))
-    if offset > GRID_TOLERANCE_MM:
-        raise _GridMismatch(
-            f"the label map's voxels lie {offset:.3f} mm from the image's "
-            f"(image origin {np.round(image.origin, 3).tolist()} mm LPS)"
-        )
-    return np.ascontiguousarray(moved)
-
-
 # -- pairs of label map and image -----------------------------------------------------------------
 def _is_label_map(path: Path) -> bool:
     return path.is_file() and not path.name.startswith(".") and path.name.endswith(_LABEL_SUFFIXES)
@@ -699,9 +441,9 @@ def import_masks(
             skip(image_path, volume)
             continue
         try:
-            labels, grid = _read_label_map(labels_path)
-            labels = _on_image_grid(labels, grid, volume.shape, volume.geometry)
-        except _GridMismatch as error:
+            labels, grid = read_label_map(labels_path)
+            labels = on_image_grid(labels, grid, volume.shape, volume.geometry)
+        except GridMismatch as error:
             skip(
                 labels_path,
                 f"label map grid differs from the image's: {error}; nothing is resampled",

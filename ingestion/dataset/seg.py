@@ -120,7 +120,7 @@ def segment_roles(seg: Any, label_file: Path | None = None) -> dict[int, tuple[s
     """
     listed = None
     if label_file is not None:
-        from ingestion.dataset.masks import read_label_file
+        from ingestion.dataset.label_file import read_label_file
 
         listed = read_label_file(label_file)
     by_name = {name.lower(): kind for name, kind in (listed or {}).values()}

@@ -17,12 +17,8 @@ import numpy.typing as npt
 import pytest
 
 from ingestion.dataset.format import SourceType, write_import
-from ingestion.dataset.masks import (
-    TRUNCATED,
-    import_masks,
-    kind_of_name,
-    read_label_file,
-)
+from ingestion.dataset.label_file import kind_of_name, read_label_file
+from ingestion.dataset.masks import TRUNCATED, import_masks
 from ingestion.errors import ConfigurationError
 from ingestion.geometry import Geometry
 from ingestion.nifti import RAS_TO_LPS, volume_to_nifti_affine
@@ -307,7 +303,7 @@ def test_label_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
             "1": {"name": "GTV-1", "role": "lesion"},
         }
     ) == {52: ("aorta", "vessel"), 63: ("inferior_vena_cava", "vessel"), 1: ("GTV-1", "lesion")}
-    with caplog.at_level(logging.INFO, logger="ingestion.dataset.masks"):
+    with caplog.at_level(logging.INFO, logger="ingestion.dataset.label_file"):
         roles = read({"52": "aorta", "64": "portal_vein_and_splenic_vein", "3": "kidney_left"})
     assert roles == {52: ("aorta", "vessel"), 64: ("portal_vein_and_splenic_vein", "vessel")}
     assert "label 3 (kidney_left): neither a lesion nor a vessel: ignored" in caplog.text
