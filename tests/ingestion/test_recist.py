@@ -9,10 +9,10 @@ direction (du, dv) in the (row direction, column direction) frame of the slice.
 The issue's bar, 0.5 pixel on every example, is asserted where it is met: both axes for
 ellipses whose semi-axes are both at least 8 pixels, the short axis from 5 pixels, in general
 position. Elsewhere the measured worst is asserted (so that a change that makes it worse
-fails): thin ellipses' long axis (semi-minor 5-8 px: 98 % within 0.5 px, worst 0.8 px; 3-5
-px: about 93 %, worst 1.4 px, over 1,500 seeded ellipses) and lattice coincidences (whole-pixel
-semi-axes centred on a pixel along the grid or its diagonal: long axis up to 0.8 px from a
-semi-minor of 8 px, 1.2 px from 5, 2.1 px below; short axis up to 0.7 px).
+fails): thin ellipses' long axis (semi-minor 5-8 px: 99.8 % within 0.5 px, worst 0.75 px;
+3-5 px: 96.7 %, worst 0.94 px, over 1,260 seeded ellipses each) and lattice coincidences
+(whole-pixel semi-axes centred on a pixel along the grid or its diagonal: long axis up to 0.66
+px from a semi-minor of 8 px, 1.2 px from 5, 1.53 px below; short axis up to 0.67 px).
 """
 
 from __future__ import annotations
@@ -141,10 +141,10 @@ def _long_bound(semi_minor_px: float, lattice: bool = True) -> float:
     """The long axis' bound (pixels) by the semi-minor axis: the measured worst (module doc),
     with lattice coincidences (``lattice``) or in general position."""
     if semi_minor_px >= 8.0:
-        return 0.8 if lattice else 0.5
+        return 0.7 if lattice else 0.5
     if semi_minor_px >= 5.0:
-        return 1.5 if lattice else 1.0
-    return 2.25 if lattice else 1.5
+        return 1.25 if lattice else 0.8
+    return 1.75 if lattice else 1.0
 
 
 def _short_bound(semi_minor_px: float, lattice: bool = True) -> float:
@@ -214,7 +214,7 @@ def test_ellipse_accuracy_over_a_seeded_batch() -> None:
     """60 seeded ellipses in each band of the semi-minor axis (3-5, 5-8, 8-60 pixels; the
     semi-major up to 60) in general position: every one within its bound (module doc; 0.5 pixel
     for both axes from 8 pixels, for the short axis from 5), the thin bands mostly within 0.5
-    pixel (93 % and 98 % measured over 1,500), the mean error within +-0.1 pixel."""
+    pixel (96.7 % and 99.8 % measured over 1,260 each), the mean error within +-0.1 pixel."""
     rng = np.random.default_rng(20240622)
     errors, bands = [], []
     for low, high in ((3.0, 5.0), (5.0, 8.0), (8.0, 60.0)):
@@ -236,8 +236,8 @@ def test_ellipse_accuracy_over_a_seeded_batch() -> None:
             errors.append((long_error, short_error))
             bands.append(low)
     values, band = np.array(errors), np.array(bands)
-    assert np.mean(np.abs(values[band == 3.0, 0]) <= 0.5) >= 0.85
-    assert np.mean(np.abs(values[band == 5.0, 0]) <= 0.5) >= 0.95
+    assert np.mean(np.abs(values[band == 3.0, 0]) <= 0.5) >= 0.9
+    assert np.mean(np.abs(values[band == 5.0, 0]) <= 0.5) >= 0.97
     assert np.abs(values.mean(axis=0)).max() <= 0.1, values.mean(axis=0)
 
 
@@ -245,9 +245,9 @@ def test_ellipse_accuracy_over_a_seeded_batch() -> None:
 def test_ellipse_lattice_coincidences(semi_minor: int) -> None:
     """Ellipses of whole-pixel semi-axes centred on a pixel, along the grid or its diagonal, on
     a 1 mm grid: pixel centres fall on the edge and every row's quantisation error is alike,
-    so they do not average out. Their measured worst (module doc) is asserted: long axis 0.8
-    pixel from a semi-minor axis of 8 pixels (0.78 measured), 1.5 from 5 (1.24), 2.25 below
-    (2.14); short axis 0.75 (0.67)."""
+    so they do not average out. Their measured worst (module doc) is asserted: long axis 0.7
+    pixel from a semi-minor axis of 8 pixels (0.66 measured), 1.25 from 5 (1.20), 1.75 below
+    (1.53); short axis 0.75 (0.67)."""
     for a in range(semi_minor, 61, 4):
         for angle in (0.0, math.atan(0.5), math.pi / 4):
             e = make_ellipse(float(a), float(semi_minor), angle, 1.0, 1.0, np.eye(3))
