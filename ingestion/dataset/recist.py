@@ -440,13 +440,16 @@ def _fourier_bases(t: FloatArray, order: int) -> tuple[FloatArray, FloatArray, F
     )
 
 
-def _foot_points(t: FloatArray, coef: FloatArray, points: FloatArray, dense: bool) -> FloatArray:
+def _foot_points(
+    t: FloatArray | None, coef: FloatArray, points: FloatArray, samples: int = 0
+) -> FloatArray:
     """The parameters of the curve's points nearest ``points`` (the foot points): from the
-    nearest of a dense sampling of the curve (``dense``) or from ``t``, then Newton steps."""
+    nearest of ``samples`` samples of the curve (``t`` None; 0: a dense sampling, at least 256
+    and four per point) or from ``t``, then Newton steps of at most about one step's spacing."""
     order = (len(coef) - 1) // 2
     limit = 2 * np.pi / len(points)  # about one point's spacing
-    if dense:
-        samples = max(256, 4 * len(points))
+    if t is None:
+        samples = samples or max(256, 4 * len(points))
         grid = np.linspace(0.0, 2 * np.pi, samples, endpoint=False)
         curve = _fourier_basis(grid, order) @ coef
         d2 = (points[:, 0, None] - curve[None, :, 0]) ** 2
@@ -476,7 +479,7 @@ def _fit_fourier(
     """
     basis = _fourier_basis(t, order)
     coef = np.asarray(np.linalg.lstsq(basis, points, rcond=None)[0], dtype=np.float64)
-    t = _foot_points(t, coef, points, dense=True)
+    t = _foot_points(None, coef, points)
     k = np.arange(1, order + 1, dtype=np.float64)
     bend = np.where(k >= 2, k**4, 0.0)
     stiffness = _FOURIER_STIFFNESS * len(points) * np.concatenate([[0.0], bend, bend])
@@ -507,7 +510,7 @@ def _fit_fourier(
         solution = np.linalg.solve(lhs, rhs)
         m = basis.shape[1]
         coef = np.column_stack([solution[:m], solution[m:]]).astype(np.float64)
-        t = _foot_points(t, coef, points, dense=False)
+        t = _foot_points(t, coef, points)
         misfit = float(np.mean((_fourier_basis(t, order) @ coef - points) ** 2))
         if misfit >= (1.0 - 1e-6) * previous:
             break
@@ -558,20 +561,8 @@ def _signed_distances(coef: FloatArray, points: FloatArray) -> tuple[FloatArray,
     outside) and their derivatives (N, coefficients) by the coefficients (``coef.ravel()``):
     each point's foot point from the nearest of 128 samples of the curve, then Newton steps."""
     order = (len(coef) - 1) // 2
-    samples = 128
-    grid = np.linspace(0.0, 2 * np.pi, samples, endpoint=False)
-    curve = _fourier_basis(grid, order) @ coef
-    d2 = (points[:, 0, None] - curve[None, :, 0]) ** 2
-    d2 += (points[:, 1, None] - curve[None, :, 1]) ** 2
-    t = grid[np.argmin(d2, axis=1)]
-    for _ in range(3):
-        basis, first, second = _fourier_bases(t, order)
-        offset, d1, dd = basis @ coef - points, first @ coef, second @ coef
-        slope = np.einsum("ij,ij->i", d1, offset)
-        curvature = np.einsum("ij,ij->i", dd, offset) + np.einsum("ij,ij->i", d1, d1)
-        safe = curvature > 1e-12
-        step = np.where(safe, slope / np.where(safe, curvature, 1.0), 0.0)
-        t = t - np.clip(step, -np.pi / samples, np.pi / samples)
+    t = _foot_points(None, coef, points, samples=128)
+    curve = _fourier_basis(np.linspace(0.0, 2 * np.pi, 128, endpoint=False), order) @ coef
     basis, first, _ = _fourier_bases(t, order)
     tangent = first @ coef
     normal = np.column_stack([tangent[:, 1], -tangent[:, 0]])  # outward if counter-clockwise
