@@ -608,10 +608,10 @@ def _evaluate_on_dataset(
     try:
         from model.measurer.pool import DatasetSource
 
-        total = len(DatasetSource(dataset))
+        source = DatasetSource(dataset, cache=1)  # read once; each series is measured once
         with progress_display() as progress:
-            task = progress.add_task("evaluating", total=total, status="")
-            result = evaluate_dataset(measurer, dataset, on_study=lambda _: progress.advance(task))
+            task = progress.add_task("evaluating", total=len(source), status="")
+            result = evaluate_dataset(measurer, source, on_study=lambda _: progress.advance(task))
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from model.measurer.evaluate import Evaluation, StudyOutcome
     from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.pool import DatasetSource
 
 __all__ = ["DatasetEvaluation", "evaluate_dataset", "evaluation_markdown"]
 
@@ -57,12 +58,12 @@ def _label(path: str) -> str:
 
 def evaluate_dataset(
     measurer: CheckpointMeasurer,
-    root: Path,
+    source: DatasetSource,
     *,
     names: Callable[[str, str], str] | None = None,
     on_study: Callable[[StudyOutcome], None] | None = None,
 ) -> DatasetEvaluation:
-    """Measure every series of the dataset ``root`` and score it.
+    """Measure every series of the dataset ``source`` reads and score it.
 
     ``names(series_uid, image_path)`` labels a study in the tables (default: the image's last
     two path parts).
@@ -70,10 +71,8 @@ def evaluate_dataset(
     from ingestion.dataset.format import Label
     from ingestion.errors import IngestionError
     from model.measurer.evaluate import StudyOutcome, evaluate, summarize
-    from model.measurer.pool import DatasetSource
 
     began = time.monotonic()
-    source = DatasetSource(root, cache=1)
     outcomes: list[StudyOutcome] = []
     labels: list[str] = []
     for index, uid in enumerate(source.series):
@@ -102,7 +101,7 @@ def evaluate_dataset(
     return DatasetEvaluation(
         summarize(outcomes),
         info.to_json(),
-        str(root),
+        str(source.root),
         tuple(labels),
         time.monotonic() - began,
     )

@@ -23,6 +23,7 @@ finding's extent along z, used by the matching rule (``model.measurer.evaluate``
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -506,25 +507,36 @@ class Dataset:
 
     def series(self) -> list[str]:
         """Series UIDs in a stable order: by image path, then UID."""
-        first: dict[str, tuple[str, str]] = {}
-        for s in sorted(self.studies, key=lambda s: (s.image.path, s.series_instance_uid)):
-            first.setdefault(s.series_instance_uid, (s.image.path, s.series_instance_uid))
-        return sorted(first, key=first.__getitem__)
+        return list(self._studies_by_series)
 
     def study(self, series_instance_uid: str) -> DatasetStudy:
         """The series' study entry (the first by input path where several inputs give it), with
         the kinds any of them annotated."""
-        entries = sorted(
-            (s for s in self.studies if s.series_instance_uid == series_instance_uid),
-            key=lambda s: (s.provenance.source.value, s.provenance.path),
-        )
-        if not entries:
-            raise KeyError(series_instance_uid)
-        kinds = tuple(sorted({k for s in entries for k in s.annotated}))
-        return replace(entries[0], annotated=kinds)
+        return self._studies_by_series[series_instance_uid]
 
     def findings_of(self, series_instance_uid: str) -> tuple[DatasetFinding, ...]:
-        return tuple(f for f in self.findings if f.series_instance_uid == series_instance_uid)
+        return self._findings_by_series.get(series_instance_uid, ())
+
+    @functools.cached_property
+    def _studies_by_series(self) -> dict[str, DatasetStudy]:
+        """One entry per series (``study``), in ``series`` order: built once, not per call."""
+        entries: dict[str, list[DatasetStudy]] = {}
+        for s in self.studies:
+            entries.setdefault(s.series_instance_uid, []).append(s)
+        merged = {}
+        for uid, group in entries.items():
+            group.sort(key=lambda s: (s.provenance.source.value, s.provenance.path))
+            kinds = tuple(sorted({k for s in group for k in s.annotated}))
+            merged[uid] = replace(group[0], annotated=kinds)
+        order = {uid: min((s.image.path, uid) for s in group) for uid, group in entries.items()}
+        return {uid: merged[uid] for uid in sorted(merged, key=order.__getitem__)}
+
+    @functools.cached_property
+    def _findings_by_series(self) -> dict[str, tuple[DatasetFinding, ...]]:
+        rows: dict[str, list[DatasetFinding]] = {}
+        for f in self.findings:
+            rows.setdefault(f.series_instance_uid, []).append(f)
+        return {uid: tuple(group) for uid, group in rows.items()}
 
 
 def _jsonl(rows: Iterable[Mapping[str, Any]]) -> str:

@@ -274,17 +274,19 @@ class MixedSource:
         self.parts = [source for source, _ in parts]
         self.weights = weights / weights.sum()
         self.seed = seed
-        self._choices: list[int] = []
+        self._choices: list[tuple[int, int]] = []  # per study: (source, its index there)
+        self._counts = [0] * len(self.parts)
 
-    def _choice(self, index: int) -> int:
+    def _choice(self, index: int) -> tuple[int, int]:
         while len(self._choices) <= index:
             rng = np.random.default_rng([self.seed, len(self._choices)])
-            self._choices.append(int(rng.choice(len(self.parts), p=self.weights)))
+            part = int(rng.choice(len(self.parts), p=self.weights))
+            self._choices.append((part, self._counts[part]))
+            self._counts[part] += 1
         return self._choices[index]
 
     def study(self, index: int) -> TrainingStudy:
-        part = self._choice(index)
-        within = sum(1 for i in range(index) if self._choice(i) == part)
+        part, within = self._choice(index)
         return self.parts[part].study(within)
 
     def describe(self) -> dict[str, object]:
