@@ -10,7 +10,7 @@ items were skipped; 2: nothing could be imported.
 from __future__ import annotations
 
 import enum
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -205,35 +205,27 @@ def import_command(
 
 
 def _summary_table(dataset: Dataset) -> Table:
+    """Per input (source kind, path): series, lesions, vessels, negative examples, skipped."""
+    series: dict[tuple[str, str], set[str]] = defaultdict(set)
+    counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for study in dataset.studies:
+        key = (study.provenance.source.value, study.provenance.path)
+        series[key].add(study.series_instance_uid)
+    for f in dataset.findings:
+        key = (f.provenance.source.value, f.provenance.path)
+        counts[key][f.kind if f.label.value == "finding" else "negative"] += 1
+    for item in dataset.skipped:
+        counts[(item.source.value, item.path)]["skipped"] += 1
     table = Table(title=f"Dataset {dataset.root}")
     for column in ("source", "input", "series", "lesions", "vessels", "negatives", "skipped"):
         table.add_column(column)
-    inputs = sorted(
-        {(s.provenance.source.value, s.provenance.path) for s in dataset.studies}
-        | {(s.source.value, s.path) for s in dataset.skipped}
-    )
-    for source, path in inputs:
-        rows = [
-            f
-            for f in dataset.findings
-            if (f.provenance.source.value, f.provenance.path) == (source, path)
-        ]
+    for source, path in sorted(series.keys() | counts.keys()):
+        count = counts[(source, path)]
         table.add_row(
             source,
             safe(path),
-            str(
-                len(
-                    {
-                        s.series_instance_uid
-                        for s in dataset.studies
-                        if (s.provenance.source.value, s.provenance.path) == (source, path)
-                    }
-                )
-            ),
-            str(sum(f.kind == "lesion" and f.label.value == "finding" for f in rows)),
-            str(sum(f.kind == "vessel" and f.label.value == "finding" for f in rows)),
-            str(sum(f.label.value == "negative" for f in rows)),
-            str(sum((s.source.value, s.path) == (source, path) for s in dataset.skipped)),
+            str(len(series[(source, path)])),
+            *(str(count[k]) for k in ("lesion", "vessel", "negative", "skipped")),
         )
     return table
 

@@ -37,6 +37,8 @@ def test_import_is_idempotent_and_show_lists_it(phantoms: Path, tmp_path: Path) 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files  # same rows, byte for byte
     shown = runner.invoke(app, ["dataset", "show", str(out)])
     assert shown.exit_code == 0 and "phantoms" in shown.output
+    row = next(line for line in shown.output.splitlines() if "phantoms" in line)
+    assert [cell.strip() for cell in row.split("│")[3:8]] == ["2", "4", "2", "0", "0"]
     assert len(read_dataset(out).findings) == 6
 
 
