@@ -60,24 +60,22 @@ def evaluate_dataset(
     measurer: CheckpointMeasurer,
     source: DatasetSource,
     *,
-    names: Callable[[str, str], str] | None = None,
     on_study: Callable[[StudyOutcome], None] | None = None,
 ) -> DatasetEvaluation:
     """Measure every series of the dataset ``source`` reads and score it.
 
-    ``names(series_uid, image_path)`` labels a study in the tables (default: the image's last
-    two path parts).
+    A study is labelled in the tables by its image's last two path parts.
     """
     from ingestion.dataset.format import Label
     from ingestion.errors import IngestionError
-    from model.measurer.evaluate import StudyOutcome, evaluate, summarize
+    from model.measurer.evaluate import StudyOutcome, score_study, summarize
 
     began = time.monotonic()
     outcomes: list[StudyOutcome] = []
     labels: list[str] = []
     for index, uid in enumerate(source.series):
         entry = source.dataset.study(uid)
-        labels.append((names or (lambda _, p: _label(p)))(uid, entry.image.path))
+        labels.append(_label(entry.image.path))
         try:
             study = source.study(index)
         except IngestionError as error:
@@ -93,7 +91,7 @@ def evaluate_dataset(
                 annotated=entry.annotated,
             )
         else:
-            outcome = evaluate(measurer, [study]).outcomes[0]
+            outcome = score_study(study, measurer)
         outcomes.append(outcome)
         if on_study is not None:
             on_study(outcome)

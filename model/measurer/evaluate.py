@@ -46,6 +46,7 @@ __all__ = [
     "calibration_pairs",
     "evaluate",
     "match_findings",
+    "score_study",
     "size_bin",
     "size_bin_name",
     "summarize",
@@ -293,7 +294,8 @@ class Evaluation:
         }
 
 
-def _outcome(study: TrainingStudy, measurer: Measurer) -> StudyOutcome:
+def score_study(study: TrainingStudy, measurer: Measurer) -> StudyOutcome:
+    """Measure one study and match its report to its truth (a refusal is an outcome too)."""
     from ingestion.errors import ModelError
 
     began = time.perf_counter()
@@ -341,7 +343,7 @@ def evaluate(
     """Measure every study and score the results against its truth."""
     outcomes = []
     for study in studies:
-        outcome = _outcome(study, measurer)
+        outcome = score_study(study, measurer)
         outcomes.append(outcome)
         if on_study is not None:
             on_study(outcome)
