@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -234,7 +235,7 @@ def train(
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
-    for licence in _restricted_licences(source):
+    for licence in _restricted_licences(source.describe()):
         err.print(
             f"[yellow]warning[/yellow] training data under '{safe(licence)}': a non-commercial "
             "licence allows development and evaluation, not a model you ship",
@@ -365,15 +366,17 @@ def calibrate(
     out.print(table)
 
 
-def _restricted_licences(source: Any) -> list[str]:
-    """The non-commercial licences (``NC``, "non-commercial") among a training source's
-    datasets (``MixedSource`` parts included)."""
+def _restricted_licences(described: Mapping[str, Any]) -> list[str]:
+    """The non-commercial licences (``NC``, "non-commercial") a training source's description
+    (``StudySource.describe()``, which the checkpoint records) names, its parts' included."""
     import re
 
-    parts = getattr(source, "parts", [source])
-    licences = {licence for part in parts for licence in getattr(part, "licences", ())}
+    def licences(item: Mapping[str, Any]) -> set[str]:
+        own = {str(licence) for licence in item.get("licences", ())}
+        return own.union(*(licences(part) for part in item.get("parts", ())))
+
     pattern = re.compile(r"\bNC\b|non-?commercial", re.IGNORECASE)
-    return sorted(licence for licence in licences if pattern.search(licence))
+    return sorted(licence for licence in licences(described) if pattern.search(licence))
 
 
 def _read_train_config(path: Path) -> Any:
