@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import nibabel as nib
+import nrrd
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -232,7 +233,6 @@ def test_label_map_on_another_grid_is_skipped(
 
 def test_nrrd_label_map_on_a_nifti_image(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """An NRRD label map (LPS, as 3D Slicer writes them), read with MONAI's NrrdReader."""
-    nrrd = pytest.importorskip("nrrd")
     image, labels, label_file = pair
     lps = RAS_TO_LPS @ volume_to_nifti_affine(GEOMETRY)  # LPS over (i, j, k)
     path = tmp_path / "labels.seg.nrrd"
@@ -342,7 +342,6 @@ def test_nrrd_image_with_seg_nrrd_labels_imports_as_its_nifti_pair(
 ) -> None:
     """A 3D Slicer case folder (image.nrrd + labels.seg.nrrd, LPS) gives the NIfTI pair's rows,
     and training's loader reads its image back."""
-    nrrd = pytest.importorskip("nrrd")
     from ingestion.dataset.format import read_dataset
     from model.measurer.pool import load_dataset_volume
 

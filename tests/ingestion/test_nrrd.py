@@ -11,6 +11,7 @@ import nrrd
 import numpy as np
 import numpy.typing as npt
 import pytest
+import SimpleITK as sitk
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -18,8 +19,6 @@ from ingestion import Geometry, load_nifti, load_nrrd, load_path
 from ingestion.catalog import FileStatus, catalog_file
 from ingestion.errors import MissingGeometryError, NotDicomError, UnsupportedObjectError
 from ingestion.volume import Modality, SourceFormat
-
-sitk = pytest.importorskip("SimpleITK")
 
 SHAPE = (6, 7, 9)  # (slices, rows, columns)
 SEGMENTATION = "a segmentation (label map), not an image: import it with radcaliper dataset import"
