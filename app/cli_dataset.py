@@ -158,7 +158,7 @@ def import_command(
     are kept. Items that cannot be used (a label map on another grid, a truncated lesion, an SR
     group without a usable measurement, ...) are listed with the reason; the rest imports.
     """
-    from ingestion.dataset.format import write_import
+    from ingestion.dataset.format import INFO_NAME, write_import
     from ingestion.errors import RadcaliperError
 
     if modality is not None and modality.upper() not in ("CT", "MR"):
@@ -185,7 +185,10 @@ def import_command(
                 on_item=on_item,
             )
             progress.update(task, completed=1, total=1, status="")
-        dataset = write_import(out_dir, [result])
+        if not (result.studies or result.findings or (out_dir / INFO_NAME).is_file()):
+            dataset = None  # nothing to add, nothing to replace: no empty dataset is made
+        else:
+            dataset = write_import(out_dir, [result])
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
@@ -193,10 +196,14 @@ def import_command(
         err.print(f"[yellow]skipped[/yellow] {safe(skipped.line())}", highlight=False)
     kinds = Counter(f"{f.kind} ({f.label.value})" for f in result.findings)
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no finding"
+    held = (
+        f"the dataset holds {len(dataset.series())} series, {len(dataset.findings)} rows"
+        if dataset is not None
+        else f"{safe(out_dir)} was not made"
+    )
     out.print(
         f"Imported {len(result.studies)} series, {summary} from {safe(result.path)} into "
-        f"{safe(out_dir)} ({len(result.skipped)} skipped); the dataset holds "
-        f"{len(dataset.series())} series, {len(dataset.findings)} rows",
+        f"{safe(out_dir)} ({len(result.skipped)} skipped); {held}",
         highlight=False,
     )
     if not result.findings and not result.studies:

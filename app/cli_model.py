@@ -605,13 +605,16 @@ def _evaluate_on_dataset(
     """``evaluate --dataset``: one model on one dataset (``app.dataset_eval``)."""
     from app.dataset_eval import evaluate_dataset, write_outputs
     from ingestion.errors import RadcaliperError
+    from model.measurer.pool import DatasetSource
 
+    try:  # the dataset first: a wrong folder should not wait for the model to load
+        source = DatasetSource(dataset, cache=1)  # read once; each series is measured once
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
     measurer = load_measurer(model_dir)
     info = measurer.info
     try:
-        from model.measurer.pool import DatasetSource
-
-        source = DatasetSource(dataset, cache=1)  # read once; each series is measured once
         with progress_display() as progress:
             task = progress.add_task("evaluating", total=len(source), status="")
             result = evaluate_dataset(measurer, source, on_study=lambda _: progress.advance(task))

@@ -28,3 +28,6 @@ def configure_logging(level: str) -> None:
     root.setLevel(level)
     for noisy in ("pydicom", "nibabel", "PIL"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # MONAI says at import, as a warning, that NVIDIA's optional GPU JPEG decoder is absent:
+    # nothing a user can or needs to act on (pydicom's decoders read every file)
+    logging.getLogger("monai.data.nvimgcodec_pydicom_plugin").setLevel(logging.ERROR)

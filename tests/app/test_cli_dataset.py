@@ -49,6 +49,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "no such file or folder" in missing.output
     wrong = runner.invoke(app, ["dataset", "import", str(tmp_path), str(tmp_path), "--from", "x"])
     assert wrong.exit_code == 2 and "masks" in wrong.output  # the choices
+    nothing = runner.invoke(
+        app, ["dataset", "import", str(tmp_path), str(tmp_path / "new"), "--from", "sr"]
+    )
+    assert nothing.exit_code == 2 and "no DICOM SR file under this folder" in nothing.output
+    assert "was not made" in nothing.output and not (tmp_path / "new").exists()
+    evaluated = runner.invoke(app, ["evaluate", "--dataset", str(tmp_path)])
+    assert evaluated.exit_code == 2 and "not a radcaliper dataset" in evaluated.output
+    assert "Loading weights" not in evaluated.output  # the folder is checked before the model
     not_dataset = runner.invoke(app, ["dataset", "show", str(tmp_path)])
     assert not_dataset.exit_code == 2 and "not a radcaliper dataset" in not_dataset.output
     assert "Traceback" not in not_dataset.output
