@@ -157,7 +157,10 @@ def load_dataset_volume(dataset: Dataset, series_instance_uid: str) -> Volume:
         IngestionError: the image is missing, unreadable or no longer holds that series (a file
             changed since the import), named with its path.
     """
-    from ingestion.load import load_path
+    from dataclasses import replace
+
+    from ingestion.load import iter_volumes
+    from ingestion.scan import scan_path
     from ingestion.volume import Modality
 
     study = dataset.study(series_instance_uid)
@@ -168,11 +171,19 @@ def load_dataset_volume(dataset: Dataset, series_instance_uid: str) -> Volume:
             f"{dataset.root} refers to it (import it again where the images are)"
         )
     modality = Modality(study.image.modality) if study.image.modality in ("CT", "MR") else None
-    result = load_path(path, nifti_modality=modality)
-    for volume in result.volumes:
-        if volume.identifiers.series_instance_uid == series_instance_uid:
-            return volume
-    reasons = "; ".join(f"{r.path}: {r.reason}" for r in result.rejected[:3])
+    scanned = scan_path(path)  # headers only: of a folder of several series, load the one
+    scanned = replace(
+        scanned,
+        series=[s for s in scanned.series if s.info.series_instance_uid == series_instance_uid],
+    )
+    rejected = []
+    for item in iter_volumes(scanned, modality):
+        if isinstance(item, Volume):
+            if item.identifiers.series_instance_uid == series_instance_uid:
+                return item
+        else:
+            rejected.append(item)
+    reasons = "; ".join(f"{r.path}: {r.reason}" for r in [*scanned.rejected, *rejected][:3])
     raise IngestionError(
         f"{path}: holds no series {series_instance_uid} any more"
         + (f" ({reasons})" if reasons else "")

@@ -164,3 +164,21 @@ def test_dataset_specs(dataset: Path) -> None:
     ):
         with pytest.raises(ConfigurationError, match=message):
             parse_sources(bad, 4)
+
+
+def test_the_series_is_found_in_a_folder_of_several(dataset: Path) -> None:
+    """An image reference to a folder holding several series (a study folder, as a store's run
+    records it) loads the row's series, each of them."""
+    from ingestion.dataset.format import Dataset
+    from model.measurer.pool import load_dataset_volume
+
+    data = read_dataset(dataset)
+    parent = Path(data.studies[0].image.path).parents[1]  # the phantoms folder: 3 series
+    studies = tuple(
+        dataclasses.replace(s, image=dataclasses.replace(s.image, path=str(parent)))
+        for s in data.studies
+    )
+    moved = Dataset(dataset, studies, data.findings)
+    for uid in moved.series():
+        volume = load_dataset_volume(moved, uid)
+        assert volume.identifiers.series_instance_uid == uid
