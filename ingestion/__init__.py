@@ -16,6 +16,7 @@ from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from ingestion.catalog import FileRecord, FileStatus, ImageAttributes, catalog_file
+    from ingestion.contrast import Contrast, contrast_of
     from ingestion.errors import (
         AccessDeniedError,
         ConfigurationError,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
 
 _SOURCES = {
     "ingestion.catalog": ("FileRecord", "FileStatus", "ImageAttributes", "catalog_file"),
+    "ingestion.contrast": ("Contrast", "contrast_of"),
     "ingestion.errors": (
         "AccessDeniedError",
         "ConfigurationError",
@@ -125,6 +127,7 @@ _SOURCES = {
 __all__ = [
     "AccessDeniedError",
     "ConfigurationError",
+    "Contrast",
     "FileRecord",
     "FileStatus",
     "Geometry",
@@ -167,6 +170,7 @@ __all__ = [
     "WorkIndex",
     "build_preparation",
     "catalog_file",
+    "contrast_of",
     "generate_phantom",
     "iter_volumes",
     "load_nifti",

@@ -6,7 +6,10 @@ Layout::
     DIR/numeric_head.safetensors                the numeric head's state (RNED codec / xVal)
     DIR/tokenizer.json, ...                     the tokenizer (save_pretrained)
     DIR/radcaliper.json                         MeasurerSettings: name, version, numeric mode,
-                                                head and input settings, calibration
+                                                head and input settings, calibration, the
+                                                validated domain (``model.measurer.domain``)
+    DIR/README.md                               the model card; its "Validated domain" section
+                                                is kept in step with radcaliper.json
 
 Nothing is downloaded: loading reads only ``DIR`` (``local_files_only``). A directory that is not
 a measurer checkpoint raises ``ModelError`` naming the missing file.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion.errors import ModelError
 from model.measurer.calibration import Calibration
 from model.measurer.data import MeasureInputs
+from model.measurer.domain import Domain
 from model.measurer.find import FindInputs
 from model.measurer.voting import FindVoting
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
     from model.numeric.protocol import NumericHead
 
 __all__ = [
+    "CARD_NAME",
     "SETTINGS_NAME",
     "LoadedMeasurer",
     "MeasurerSettings",
@@ -45,12 +51,15 @@ __all__ = [
     "default_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "update_card",
     "write_settings",
 ]
 
 SETTINGS_NAME = "radcaliper.json"
+CARD_NAME = "README.md"
 DEMO_NAME = "radcaliper-demo"
 HEAD_NAME = "numeric_head.safetensors"
+_DOMAIN_HEADING = re.compile(r"^## Validated domain[ \t]*$", re.MULTILINE)
 FORMAT_VERSION = 1
 
 
@@ -79,6 +88,8 @@ class MeasurerSettings:
     calibration: Calibration | None = None
     not_for_clinical_use: bool = True
     training: Mapping[str, Any] = field(default_factory=dict)  # command, seed, data: provenance
+    # what it was trained and validated on; a radcaliper.json without one: Domain.legacy()
+    domain: Domain = field(default_factory=Domain.legacy)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
@@ -100,6 +111,7 @@ class MeasurerSettings:
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "not_for_clinical_use": self.not_for_clinical_use,
             "training": dict(self.training),
+            "domain": self.domain.to_json(),
         }
 
     @classmethod
@@ -117,6 +129,7 @@ class MeasurerSettings:
             if key in find:
                 find[key] = tuple(find[key])
         calibration = data.get("calibration")
+        domain = data.get("domain")
         return cls(
             name=str(data["name"]),
             version=str(data["version"]),
@@ -130,6 +143,7 @@ class MeasurerSettings:
             calibration=None if calibration is None else Calibration.from_json(calibration),
             not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),
             training=dict(data.get("training", {})),
+            domain=Domain.legacy() if domain is None else Domain.from_json(domain),
         )
 
 
@@ -187,7 +201,33 @@ def save_checkpoint(
         state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
         save_file(state, str(out / HEAD_NAME))
     (out / SETTINGS_NAME).write_text(json.dumps(settings.to_json(), indent=2) + "\n")
+    update_card(out, settings)
     return out
+
+
+def update_card(directory: str | Path, settings: MeasurerSettings) -> Path:
+    """Write ``settings.domain`` into the checkpoint's card (``README.md``): its "Validated
+    domain" section (up to the next level-2 heading) is replaced, or appended where there is
+    none; a checkpoint without a card gets a short one. Returns the card's path."""
+    path = Path(directory) / CARD_NAME
+    section = settings.domain.card_markdown()
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = f"# {settings.name} {settings.version}\n\n" + (
+            "Not for clinical use.\n" if settings.not_for_clinical_use else ""
+        )
+    found = _DOMAIN_HEADING.search(text)
+    if found is None:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", found.end())
+        rest = "" if end < 0 else "\n" + text[end + 1 :]
+        text = text[: found.start()] + section + rest
+    partial = path.with_suffix(".md.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+    return path
 
 
 def default_checkpoint() -> Path:
@@ -218,6 +258,7 @@ def write_settings(directory: str | Path, settings: MeasurerSettings) -> None:
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
     partial.replace(path)
+    update_card(directory, settings)
 
 
 def load_checkpoint(directory: str | Path) -> LoadedMeasurer:

@@ -48,10 +48,12 @@ __all__ = [
     "FindExample",
     "FindInputs",
     "FindPlane",
+    "field_extent_mm",
     "find_frames",
     "find_planes",
     "plane_images",
     "plane_labels",
+    "prepare_find_field",
     "prepare_for_find",
 ]
 
@@ -115,6 +117,45 @@ def prepare_for_find(volume: Volume, inputs: FindInputs) -> PreparedVolume:
     from ingestion.prepare import prepare_volume
 
     return prepare_volume(volume, inputs.prepare_config())
+
+
+def field_extent_mm(volume: Volume) -> float:
+    """The larger in-plane (x, y) extent of the volume's reconstructed field in mm (from the
+    LPS corners of its voxels, one pixel included: exact for any orientation)."""
+    shape = volume.shape
+    corners = np.array(
+        [
+            [k, r, c]
+            for k in (0, shape[0] - 1)
+            for r in (0, shape[1] - 1)
+            for c in (0, shape[2] - 1)
+        ],
+        dtype=np.float64,
+    )
+    lps = np.array([volume.geometry.index_to_lps(corner) for corner in corners])
+    spacing = volume.geometry.spacing
+    pixel = max(spacing[1], spacing[2])
+    return float(max(np.ptp(lps[:, 0]), np.ptp(lps[:, 1]))) + pixel
+
+
+def prepare_find_field(
+    volume: Volume, inputs: FindInputs, *, stride: int = 1, edge_mm: float = 0.0
+) -> PreparedVolume:
+    """Every ``stride``-th native plane prepared for the find step over the whole field of
+    view (less ``edge_mm`` on each side), square, a multiple of 28 pixels and at least one
+    tile (``model.measurer.tiles``)."""
+    from ingestion.prepare import PrepareConfig, prepare_volume
+    from model.measurer.tiles import field_side
+
+    extent = max(inputs.size * inputs.pixel_mm, field_extent_mm(volume) - 2.0 * edge_mm)
+    side = field_side(extent, inputs.pixel_mm, inputs.size)
+    config = PrepareConfig(
+        pixel_mm=inputs.pixel_mm,
+        size=(side, side),
+        windows=(inputs.soft_window, inputs.wide_window),
+        slice_stride=stride,
+    )
+    return prepare_volume(volume, config)
 
 
 def plane_images(prepared: PreparedVolume, inputs: FindInputs) -> torch.Tensor:

@@ -1,0 +1,560 @@
+"""Inference as named stages: each a small function from one :class:`StudyState` to the next.
+
+``CheckpointMeasurer.measure`` runs a list of :class:`InferenceStage` s
+(:func:`default_stages` gives the checkpoint's list) and tells every subscriber
+(:class:`TraceEvent`) what each stage left; a stage is left out by leaving it out of the list.
+The stages, in their default order:
+
+``find``
+    The model's find task on every examined plane (planes at least
+    :attr:`InferenceOptions.find_plane_mm` apart) over the whole field of view, in overlapping
+    tiles of the trained size (``model.measurer.tiles``), once per shifted pass of the
+    checkpoint's ``find_voting`` (``model.measurer.voting``); boxes joined into candidates in
+    3-D (``model.measurer.grouping``). A malformed answer leaves its plane unsearched in that
+    pass; it is counted in the warnings.
+``verify``
+    The point task at each candidate's centre (a crop at the measure scale): ``none`` drops the
+    candidate, a kind replaces the find step's. A malformed answer is no confirmation: the
+    candidate is dropped and counted (never reported on the find step's word alone).
+``recentre``
+    The axes task at each candidate: its axial centre moves to the middle of the long axis
+    (or diameter) the model draws; a malformed answer keeps the centre (counted).
+``merge``
+    Candidates of one kind split along z by missed planes become one
+    (``grouping.merge_duplicates``).
+``measure``
+    The measure task; a lesion also on :attr:`InferenceOptions.lesion_planes` examined planes to
+    either side, keeping the plane where its long axis is longest (RECIST,
+    ``model.measurer.planes``). A malformed answer makes its values "not measurable" with the
+    reason.
+``axes``
+    The axes task at the measured centre, drawn for the reviewer (None where malformed).
+``dedupe``
+    One report per object (``model.measurer.dedupe``): stated on the model's own reports, not
+    on HU levels.
+``calibrate``
+    The checkpoint's calibrated ranges around every value (none, with a warning, for a
+    checkpoint never calibrated).
+
+No stage reads HU thresholds: what a region is, is the model's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import torch
+
+from model.measurer.axes import Segment, parse_axes
+from model.measurer.data import (
+    MeasureExample,
+    Prompted,
+    axes_example,
+    measure_example,
+    point_example,
+)
+from model.measurer.dedupe import one_report_per_object
+from model.measurer.find import FindExample, FindInputs, find_frames, prepare_find_field
+from model.measurer.grouping import (
+    GroupedFinding,
+    GroupingRule,
+    group_detections,
+    merge_duplicates,
+    plane_detections,
+)
+from model.measurer.inference import MAX_ANSWER_TOKENS, MeasureOutcome, outcome_for
+from model.measurer.planes import best_plane, search_points
+from model.measurer.results import Measurement, Segment3
+from model.measurer.tasks import FoundFinding, find_prompt, parse_find, parse_measure, parse_point
+from model.measurer.tiles import merge_tiles, offset_findings, tile_starts
+from model.measurer.voting import FindVoting, shift_planes, unshift_findings, vote_boxes
+
+if TYPE_CHECKING:
+    from ingestion.volume import Volume
+    from model.measurer.calibration import Calibration
+    from model.measurer.checkpoint import MeasurerSettings
+
+__all__ = [
+    "ALL_STAGES",
+    "MAX_AXES_TOKENS",
+    "MAX_FIND_TOKENS",
+    "MAX_FIND_TOKENS_DIGITS",
+    "MAX_POINT_TOKENS",
+    "Candidate",
+    "InferenceOptions",
+    "InferenceStage",
+    "StageModel",
+    "StudyState",
+    "Trace",
+    "TraceEvent",
+    "axes",
+    "calibrate",
+    "dedupe",
+    "default_stages",
+    "find",
+    "measure",
+    "merge",
+    "recentre",
+    "run_stages",
+    "stages_named",
+    "verify",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_FIND_TOKENS = 80  # six findings of 12 tokens, "end" and the end token
+MAX_FIND_TOKENS_DIGITS = 200  # the same with numbers as digits (standard tokens: up to 5 each)
+MAX_AXES_TOKENS = 64  # two segments of 4 numbers; digits fit too
+MAX_POINT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """How inference runs (not part of the checkpoint).
+
+    Args:
+        find_plane_mm: least distance between examined planes.
+        find_batch: find prompts per forward pass.
+        measure_batch: point, measure and axes prompts per forward pass.
+        find_voting: shifted find passes and how many must agree; None: as the checkpoint says.
+        find_overlap_mm: least overlap of neighbouring find tiles, so that a finding up to this
+            size lies wholly inside one tile (the largest lesion the product measures is 60 mm).
+        find_edge_mm: the outermost margin of the reconstructed field left out of the find
+            step's field (air or table, never a finding; keeps a field just over one tile to
+            one tile).
+        lesion_planes: examined planes on either side where a lesion is also measured.
+        grouping: how boxes are joined into candidates.
+    """
+
+    find_plane_mm: float = 2.0
+    find_batch: int = 64
+    measure_batch: int = 16
+    find_voting: FindVoting | None = None
+    find_overlap_mm: float = 64.0
+    find_edge_mm: float = 5.0
+    lesion_planes: int = 6
+    grouping: GroupingRule = field(default_factory=GroupingRule)
+
+    def __post_init__(self) -> None:
+        for name in ("find_plane_mm", "find_overlap_mm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number of mm > 0, got {value!r}")
+        if not (math.isfinite(self.find_edge_mm) and self.find_edge_mm >= 0):
+            raise ValueError(f"find_edge_mm must be finite mm >= 0, got {self.find_edge_mm!r}")
+        for name in ("find_batch", "measure_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.lesion_planes < 0:
+            raise ValueError(f"lesion_planes must be >= 0, got {self.lesion_planes!r}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One finding as the stages see it: where and what it is, and, once measured, its answer
+    and axes."""
+
+    found: GroupedFinding
+    outcome: MeasureOutcome | None = None
+    axes: tuple[Segment3, ...] | None = None
+
+    def moved(self, center_lps_mm: tuple[float, float, float]) -> Candidate:
+        return dataclasses.replace(
+            self, found=dataclasses.replace(self.found, center_lps_mm=center_lps_mm)
+        )
+
+
+@dataclass(frozen=True)
+class StudyState:
+    """What inference knows about one study after a stage.
+
+    Args:
+        volume: the study.
+        candidates: the findings so far, in order.
+        examined_planes: how many planes the find step examined (0 before it).
+        plane_spacing_mm: distance between examined planes (the measure step's plane search).
+        warnings: what a reader should know (malformed answers counted per stage).
+    """
+
+    volume: Volume
+    candidates: tuple[Candidate, ...] = ()
+    examined_planes: int = 0
+    plane_spacing_mm: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+    def with_candidates(self, candidates: Sequence[Candidate], *warnings: str) -> StudyState:
+        return dataclasses.replace(
+            self, candidates=tuple(candidates), warnings=self.warnings + warnings
+        )
+
+
+class StageModel(Protocol):
+    """What the stages ask of a loaded checkpoint (``pipeline.CheckpointMeasurer``)."""
+
+    @property
+    def settings(self) -> MeasurerSettings: ...
+
+    @property
+    def options(self) -> InferenceOptions: ...
+
+    @property
+    def numeric_tokens(self) -> bool:
+        """Whether numbers are [NUM] tokens (a numeric head) rather than digits."""
+        ...
+
+    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[str]:
+        """Greedy answers of one batch of examples, numbers written out."""
+        ...
+
+
+class InferenceStage(NamedTuple):
+    """A named step of inference."""
+
+    name: str
+    run: Callable[[StageModel, StudyState], StudyState]
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """What a stage left: its name, the state after it and the seconds it took."""
+
+    stage: str
+    state: StudyState
+    seconds: float
+
+
+Trace = Callable[[TraceEvent], None]
+
+
+def run_stages(
+    model: StageModel,
+    state: StudyState,
+    stages: Sequence[InferenceStage],
+    traces: Sequence[Trace] = (),
+) -> StudyState:
+    """Run ``stages`` in order from ``state``, telling each of ``traces`` after every stage."""
+    for stage in stages:
+        start = time.perf_counter()
+        state = stage.run(model, state)
+        event = TraceEvent(stage.name, state, time.perf_counter() - start)
+        logger.debug(
+            "stage %s: %d candidates, %.2fs", stage.name, len(state.candidates), event.seconds
+        )
+        for trace in traces:
+            trace(event)
+    return state
+
+
+# --- the stages --------------------------------------------------------------------------------
+
+
+def _batched(
+    model: StageModel, examples: Sequence[Prompted], max_new_tokens: int, batch: int
+) -> list[str]:
+    texts: list[str] = []
+    for start in range(0, len(examples), batch):
+        texts += model.generate(examples[start : start + batch], max_new_tokens)
+    return texts
+
+
+def _find_answers(
+    model: StageModel, windows: torch.Tensor, inputs: FindInputs
+) -> tuple[list[list[FoundFinding]], int]:
+    """One find prompt per (P, 2, H, W) tile plane: the parsed boxes of each (none where the
+    answer was malformed) and how many answers were malformed."""
+    limit = MAX_FIND_TOKENS if model.numeric_tokens else MAX_FIND_TOKENS_DIGITS
+    prompt = find_prompt(1)
+    examples = [FindExample(image, prompt, None) for image in find_frames(windows, inputs)]
+    answers: list[list[FoundFinding]] = []
+    malformed = 0
+    for text in _batched(model, examples, limit, model.options.find_batch):
+        parsed = parse_find(text, num_images=1)
+        if not parsed.success:
+            malformed += 1
+            logger.debug("malformed find answer: %s", parsed.reason)
+        answers.append(list(parsed.findings) if parsed.success else [])
+    return answers, malformed
+
+
+def find(model: StageModel, state: StudyState) -> StudyState:
+    """Candidates from the find task over the whole field (module doc)."""
+    volume = state.volume
+    inputs = model.settings.find_inputs
+    options = model.options
+    native = volume.geometry.slice_spacing
+    stride = max(1, round(options.find_plane_mm / native))
+    prepared = prepare_find_field(volume, inputs, stride=stride, edge_mm=options.find_edge_mm)
+    planes = prepared.image.shape[1]
+    side_rows, side_columns = (int(n) for n in prepared.image.shape[2:])
+    overlap = min(inputs.size - 1, math.ceil(options.find_overlap_mm / inputs.pixel_mm))
+    voting = options.find_voting or model.settings.find_voting
+    all_planes = prepared.image.transpose(0, 1)  # (P, 2, H, W)
+    per_tile: list[list[list[FoundFinding]]] = []
+    malformed = total = 0
+    for row in tile_starts(side_rows, inputs.size, overlap):
+        for column in tile_starts(side_columns, inputs.size, overlap):
+            windows = all_planes[:, :, row : row + inputs.size, column : column + inputs.size]
+            passes = []
+            for rows, columns in voting.shifts:
+                answers, bad = _find_answers(model, shift_planes(windows, rows, columns), inputs)
+                passes.append([unshift_findings(found, rows, columns) for found in answers])
+                malformed += bad
+                total += planes
+            voted = passes[0]
+            if not voting.single:
+                voted = [
+                    vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
+                    for per_plane in zip(*passes, strict=True)
+                ]
+            per_tile.append([offset_findings(found, row, column) for found in voted])
+    merged = [merge_tiles(tiles) for tiles in zip(*per_tile, strict=True)]
+    warnings: tuple[str, ...] = ()
+    if malformed:
+        warnings = (
+            f"{malformed} of {total} find answers were malformed; their planes were not "
+            "searched in those passes",
+        )
+        logger.warning("%d of %d find answers were malformed", malformed, total)
+    detections = plane_detections(merged, list(range(planes)), prepared.geometry)
+    spacing = prepared.geometry.slice_spacing
+    grouped = group_detections(detections, spacing, options.grouping)
+    return dataclasses.replace(
+        state.with_candidates([Candidate(g) for g in grouped], *warnings),
+        examined_planes=planes,
+        plane_spacing_mm=spacing,
+    )
+
+
+def _point_texts(model: StageModel, volume: Volume, candidates: Sequence[Candidate]) -> list[str]:
+    inputs = model.settings.measure_inputs
+    examples = [point_example(volume, c.found.center_lps_mm, inputs) for c in candidates]
+    return _batched(model, examples, MAX_POINT_TOKENS, model.options.measure_batch)
+
+
+def verify(model: StageModel, state: StudyState) -> StudyState:
+    """Keep the candidates the point task names at their centres, with its kind (module doc)."""
+    if not state.candidates:
+        return state
+    kept, malformed = [], 0
+    for candidate, text in zip(
+        state.candidates, _point_texts(model, state.volume, state.candidates), strict=True
+    ):
+        parsed = parse_point(text)
+        if not parsed.success:
+            malformed += 1
+        elif parsed.kind is not None:
+            kept.append(
+                dataclasses.replace(
+                    candidate, found=dataclasses.replace(candidate.found, kind=parsed.kind)
+                )
+            )
+    warnings: tuple[str, ...] = ()
+    if malformed:
+        warnings = (
+            f"{malformed} of {len(state.candidates)} point answers were malformed; those "
+            "candidates were not confirmed and are not reported",
+        )
+    logger.debug("verification kept %d of %d candidates", len(kept), len(state.candidates))
+    return state.with_candidates(kept, *warnings)
+
+
+def _segment_lps(crop: object, frame: float, segment: Segment) -> Segment3:
+    """Crop pixel edges (row, column) -> LPS mm end points (pixel centres are edges - 0.5)."""
+    (r0, c0), (r1, c1) = segment
+    a, b = crop.pixel_to_lps(  # type: ignore[attr-defined]
+        [(frame, r0 - 0.5, c0 - 0.5), (frame, r1 - 0.5, c1 - 0.5)]
+    )
+    return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
+
+
+def _draw_axes(
+    model: StageModel, volume: Volume, candidates: Sequence[Candidate]
+) -> tuple[list[tuple[Segment3, ...] | None], int]:
+    """Each candidate's axes in LPS from the axes task at its centre (None where malformed),
+    and how many answers were malformed."""
+    inputs = model.settings.measure_inputs
+    examples = [
+        axes_example(volume, c.found.center_lps_mm, c.found.kind, inputs) for c in candidates
+    ]
+    present = [e for e in examples if e is not None]
+    assert len(present) == len(examples)  # without truth an axes example is always made
+    texts = _batched(model, present, MAX_AXES_TOKENS, model.options.measure_batch)
+    out: list[tuple[Segment3, ...] | None] = []
+    malformed = 0
+    for example, text in zip(present, texts, strict=True):
+        parsed = parse_axes(text, example.kind)
+        if not parsed.success:
+            malformed += 1
+            out.append(None)
+            continue
+        frame = (example.crop.image.shape[0] - 1) / 2
+        out.append(tuple(_segment_lps(example.crop, frame, s) for s in parsed.segments))
+    return out, malformed
+
+
+def recentre(model: StageModel, state: StudyState) -> StudyState:
+    """Move each candidate's axial centre to the middle of the first segment (long axis or
+    diameter) of its axes answer; z stays; a malformed answer keeps the centre."""
+    if not state.candidates:
+        return state
+    drawn, malformed = _draw_axes(model, state.volume, state.candidates)
+    out = []
+    for candidate, segments in zip(state.candidates, drawn, strict=True):
+        if not segments:
+            out.append(candidate)
+            continue
+        a, b = segments[0]
+        z = candidate.found.center_lps_mm[2]
+        out.append(candidate.moved(((a[0] + b[0]) / 2, (a[1] + b[1]) / 2, z)))
+    warnings: tuple[str, ...] = ()
+    if malformed:
+        warnings = (
+            f"{malformed} of {len(drawn)} axes answers were malformed (re-centring; centres kept)",
+        )
+    return state.with_candidates(out, *warnings)
+
+
+def merge(model: StageModel, state: StudyState) -> StudyState:
+    """Candidates of one kind split along z become one (``grouping.merge_duplicates``)."""
+    by_found = {id(c.found): c for c in state.candidates}
+    merged = merge_duplicates(
+        [c.found for c in state.candidates], state.plane_spacing_mm or 1.0, model.options.grouping
+    )
+    return state.with_candidates(
+        [dataclasses.replace(by_found.get(id(g), Candidate(g)), found=g) for g in merged]
+    )
+
+
+def measure(model: StageModel, state: StudyState) -> StudyState:
+    """Measure every candidate, a lesion on its largest plane (module doc); values not yet
+    calibrated."""
+    if not state.candidates:
+        return state
+    volume = state.volume
+    inputs = model.settings.measure_inputs
+    spacing = state.plane_spacing_mm or volume.geometry.slice_spacing
+    points = [
+        search_points(
+            volume, c.found.center_lps_mm, c.found.kind, model.options.lesion_planes, spacing
+        )
+        for c in state.candidates
+    ]
+    examples: list[MeasureExample] = [
+        measure_example(volume, point, c.found.kind, inputs)
+        for c, candidates in zip(state.candidates, points, strict=True)
+        for point in candidates
+    ]
+    texts = _batched(model, examples, MAX_ANSWER_TOKENS, model.options.measure_batch)
+    answers = [
+        outcome_for(e.kind, text, None, parse_measure(text, e.kind))
+        for e, text in zip(examples, texts, strict=True)
+    ]
+    failed = sum(not o.parsed for o in answers)
+    out, start = [], 0
+    for candidate, candidates in zip(state.candidates, points, strict=True):
+        chunk = answers[start : start + len(candidates)]
+        start += len(candidates)
+        centre = candidate.found.center_lps_mm
+        best = best_plane(chunk, [c[2] - centre[2] for c in candidates])
+        out.append(dataclasses.replace(candidate.moved(candidates[best]), outcome=chunk[best]))
+    warnings: tuple[str, ...] = ()
+    if failed:
+        warnings = (f"{failed} of {len(answers)} measure answers were malformed (not measurable)",)
+    return state.with_candidates(out, *warnings)
+
+
+def axes(model: StageModel, state: StudyState) -> StudyState:
+    """The axes the model draws at each measured centre, for the reviewer."""
+    if not state.candidates:
+        return state
+    drawn, malformed = _draw_axes(model, state.volume, state.candidates)
+    out = [dataclasses.replace(c, axes=a) for c, a in zip(state.candidates, drawn, strict=True)]
+    warnings: tuple[str, ...] = ()
+    if malformed:
+        warnings = (f"{malformed} of {len(drawn)} axes answers were malformed",)
+    return state.with_candidates(out, *warnings)
+
+
+def dedupe(model: StageModel, state: StudyState) -> StudyState:
+    """One report per object (``model.measurer.dedupe``)."""
+    keep = one_report_per_object(
+        [c.found for c in state.candidates],
+        [c.outcome for c in state.candidates],
+        [c.axes for c in state.candidates],
+    )
+    return state.with_candidates([state.candidates[i] for i in keep])
+
+
+def _with_ranges(outcome: MeasureOutcome, calibration: Calibration) -> MeasureOutcome:
+    out = []
+    for m in outcome.measurements:
+        if m.value_mm is None:
+            out.append(m)
+            continue
+        interval = calibration.interval(m.name, m.value_mm)
+        coverage = None if interval is None else calibration.coverage(m.name)
+        out.append(Measurement(m.name, m.value_mm, interval, coverage))
+    return dataclasses.replace(outcome, measurements=tuple(out))
+
+
+def calibrate(model: StageModel, state: StudyState) -> StudyState:
+    """The checkpoint's calibrated ranges around every value."""
+    calibration = model.settings.calibration
+    if calibration is None:
+        return state
+    return state.with_candidates(
+        [
+            c
+            if c.outcome is None
+            else dataclasses.replace(c, outcome=_with_ranges(c.outcome, calibration))
+            for c in state.candidates
+        ]
+    )
+
+
+FIND = InferenceStage("find", find)
+VERIFY = InferenceStage("verify", verify)
+RECENTRE = InferenceStage("recentre", recentre)
+MERGE = InferenceStage("merge", merge)
+MEASURE = InferenceStage("measure", measure)
+AXES = InferenceStage("axes", axes)
+DEDUPE = InferenceStage("dedupe", dedupe)
+CALIBRATE = InferenceStage("calibrate", calibrate)
+
+ALL_STAGES: tuple[InferenceStage, ...] = (
+    FIND,
+    VERIFY,
+    RECENTRE,
+    MERGE,
+    MEASURE,
+    AXES,
+    DEDUPE,
+    CALIBRATE,
+)
+"""Every stage, in the order they run."""
+
+
+def default_stages(settings: MeasurerSettings) -> tuple[InferenceStage, ...]:
+    """The stages a checkpoint supports: ``verify`` where it was trained to confirm candidates
+    with the point task, ``recentre`` and ``axes`` where it knows the axes task."""
+    leave_out = set()
+    if not (settings.verify_candidates and "point" in settings.tasks):
+        leave_out.add("verify")
+    if "axes" not in settings.tasks:
+        leave_out |= {"recentre", "axes"}
+    return tuple(s for s in ALL_STAGES if s.name not in leave_out)
+
+
+def stages_named(names: Sequence[str]) -> tuple[InferenceStage, ...]:
+    """The stages of ``names``, in the given order (``ValueError`` naming an unknown one)."""
+    known = {s.name: s for s in ALL_STAGES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; known: {', '.join(known)}")
+    return tuple(known[n] for n in names)
