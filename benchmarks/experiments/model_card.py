@@ -18,6 +18,27 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from model.measurer.checkpoint import MeasurerSettings
+from model.measurer.stages import InferenceOptions, default_stages
+
+# what each inference stage does (``model.measurer.stages``), for the card
+STAGE_TEXT = {
+    "find": f"the find task on planes {InferenceOptions().find_plane_mm:g} mm apart over the "
+    "whole field of view, in overlapping tiles of the trained size, boxes joined into "
+    "candidates in 3-D (`model.measurer.grouping`)",
+    "verify": "the point task at each candidate's centre: `none` drops it, a kind replaces the "
+    "find step's; a malformed answer is no confirmation",
+    "recentre": "the axes task moves each candidate's axial centre to the middle of the long "
+    "axis (or diameter) it draws",
+    "merge": "candidates of one kind split along z by missed planes become one",
+    "measure": "the measure task; a lesion also on neighbouring planes, keeping the plane where "
+    "its long axis is longest (RECIST, `model.measurer.planes`)",
+    "axes": "the axes task at the measured centre, drawn for the reviewer",
+    "dedupe": "one report per object, decided on the model's own reports (`model.measurer.dedupe`)",
+    "calibrate": "the calibrated range around every value",
+}
+
 args = sys.argv[1:]
 trained_as = versions = None
 eval_seed = "2026"
@@ -41,6 +62,10 @@ if not chain:
 training = settings["training"]
 config = training["config"]
 calibration = settings["calibration"] or {}
+stage_lines = "\n".join(
+    f"  {i}. `{stage.name}`: {STAGE_TEXT.get(stage.name, 'see `model.measurer.stages`')}"
+    for i, stage in enumerate(default_stages(MeasurerSettings.from_json(settings)), start=1)
+)
 
 
 def num(value, digits=2):
@@ -116,13 +141,12 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
   softmax loss), tiny: text hidden {size["hidden_size"]} x {size["num_layers"]} layers
   ({size["num_heads"]} heads, {size["num_kv_heads"]} KV heads), vision tower
   {size["vision_depth"]} blocks x {size["vision_hidden"]}; radcaliper's own 54-token tokenizer.
-- Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks`, `model.measurer.axes`);
-  candidates of the find step are confirmed by the point task: {settings["verify_candidates"]}.
-  With the default inference options, regions of the find planes that differ from the tissue
-  around them and that no candidate covers are also asked to the point task, which decides
-  whether and what a finding is there (`model.measurer.proposals`); hyperdense lesions and the
-  vessel are told apart by whether their centre is contrast-filled through the study (tubes,
-  `model.measurer.consolidate`).
+- Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks`, `model.measurer.axes`).
+- Inference runs as named stages (`model.measurer.stages`), each a step from one study state to
+  the next; for this checkpoint, in order:
+{stage_lines}
+
+  No stage reads HU thresholds: what a region is, is the model's answer.
 - Inputs: find images {settings["find_inputs"]["size"]} px at {settings["find_inputs"]["pixel_mm"]}
   mm/px with a coordinate frame ({passes}); measure crops {settings["measure_inputs"]["size"]} px at
   {settings["measure_inputs"]["pixel_mm"]} mm/px, window {settings["measure_inputs"]["window"]}.

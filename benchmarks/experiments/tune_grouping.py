@@ -1,110 +1,155 @@
-"""Exploratory (issue 5): choose the find step's grouping rule on validation phantoms.
+"""Exploratory (issue 5): choose the find stage's grouping rule on validation phantoms.
 
-The model answers the find prompts of each study once; the per-plane boxes are then grouped with
-each candidate rule (and confirmed with the point task or not), and scored with the phantom
-spec's matching rule. Validation studies come from a run seed that is neither the training's
-nor the evaluation's (use the calibration seed, 7001), so the held-out evaluation stays
-untouched by the choice.
+For each candidate rule (:data:`RULES`) the checkpoint runs only the ``find`` and ``verify``
+stages (``stages.stages_named``; ``find`` alone where the checkpoint does not confirm
+candidates with the point task) on every study, and a trace (``CheckpointMeasurer.measure(...,
+trace=...)``) keeps the candidates each stage left. Both are scored with the phantom spec's
+matching rule (``evaluate.match_findings``): without confirmation (after ``find``) and with it
+(after ``verify``). Each rule runs the find stage anew (the rule is an inference option).
+Validation studies come from a run seed that is neither the training's nor the evaluation's
+(use the calibration seed, 7001), so the held-out evaluation stays untouched by the choice.
+
+Diagnostics: for every true lesion >= 10 mm, the nearest candidate of the most permissive rule
+(the smallest ``min_plane_fraction``) after ``find``, of any kind and of kind lesion, within the
+lesion's cranio-caudal half-extent along z: whether a miss is the model's or the rules'.
 
 Usage: python benchmarks/experiments/tune_grouping.py CHECKPOINT N [SEED]
 """
 
-import itertools
+from __future__ import annotations
+
+import logging
+import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model.measurer.evaluate import match_findings
-from model.measurer.find import FindExample, plane_images, prepare_for_find
-from model.measurer.grouping import GroupingRule, group_detections, plane_detections
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
-from model.measurer.results import FindingKind, Measurement, MeasurementName, StudyFinding
-from model.measurer.tasks import find_prompt, parse_find
+from model.measurer.checkpoint import load_checkpoint
+from model.measurer.evaluate import RECALL_MIN_LONG_AXIS_MM, match_findings
+from model.measurer.grouping import GroupingRule
+from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
+from model.measurer.pool import PhantomSource, TrainingStudy
+from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement, StudyFinding
+from model.measurer.stages import Candidate, TraceEvent, stages_named
 
-torch.set_num_threads(1)
-measurer = CheckpointMeasurer.load(sys.argv[1])
-n = int(sys.argv[2])
-source = PhantomSource(int(sys.argv[3]) if len(sys.argv) > 3 else 7001)
-inputs = measurer.loaded.settings.find_inputs
-cached = []
-for i in range(n):
-    study = source.study(i)
-    prepared = prepare_for_find(study.volume, inputs)
-    native = prepared.geometry.slice_spacing
-    stride = max(1, round(measurer.options.find_plane_mm / native))
-    planes = list(range(0, prepared.shape[0], stride))
-    images = plane_images(prepared, inputs)
-    examples = [FindExample(images[k], find_prompt(1), None) for k in planes]
-    answers = []
-    for start in range(0, len(examples), 64):
-        for text in measurer._generate(examples[start : start + 64], 80):
-            parsed = parse_find(text, num_images=1)
-            answers.append(parsed.findings if parsed.success else ())
-    detections = plane_detections(answers, planes, prepared.geometry)
-    cached.append((study, detections, native * stride))
-print(f"{n} studies answered", flush=True)
+RULES = tuple(GroupingRule(max_plane_gap=2, min_plane_fraction=f) for f in (0.0, 0.3))
 
 
-def as_findings(grouped):
-    out = []
-    for k, g in enumerate(grouped, start=1):
-        names = (
-            (MeasurementName.LONG_AXIS, MeasurementName.SHORT_AXIS)
-            if g.kind is FindingKind.LESION
-            else (MeasurementName.DIAMETER,)
+class StageRecorder:
+    """A trace: the candidates each stage of the current study left, by stage name."""
+
+    def __init__(self) -> None:
+        self.after: dict[str, tuple[Candidate, ...]] = {}
+
+    def __call__(self, event: TraceEvent) -> None:
+        self.after[event.stage] = event.state.candidates
+
+
+def as_findings(candidates: Sequence[Candidate]) -> list[StudyFinding]:
+    """Candidates as unmeasured findings (``match_findings`` reads kind and centre only)."""
+    return [
+        StudyFinding(
+            k,
+            c.found.kind,
+            c.found.center_lps_mm,
+            0,
+            tuple(
+                Measurement.not_measurable(name, "not measured (grouping experiment)")
+                for name in MEASUREMENTS_OF[c.found.kind]
+            ),
         )
-        out.append(
-            StudyFinding(k, g.kind, g.center_lps_mm, 0, tuple(Measurement(m, 1.0) for m in names))
-        )
-    return out
+        for k, c in enumerate(candidates, start=1)
+    ]
 
 
-for fraction, gap, verify in itertools.product((0.0, 0.3), (2,), (False, True)):
-    rule = GroupingRule(max_plane_gap=gap, min_plane_fraction=fraction)
+def counted(study: TrainingStudy) -> list[int]:
+    """Indices of the study's true lesions >= 10 mm (the recall's lesions)."""
+    return [
+        i
+        for i, t in enumerate(study.findings)
+        if t.kind == "lesion" and (t.long_axis_mm or 0) >= RECALL_MIN_LONG_AXIS_MM
+    ]
+
+
+def score(studies: Sequence[TrainingStudy], reported: Sequence[Sequence[Candidate]]) -> str:
+    """Lesion recall (>= 10 mm) and false findings per study, as one line."""
     lesions = found = false = 0
-    for study, detections, spacing in cached:
-        grouped = group_detections(detections, spacing, rule)
-        if verify:
-            grouped = measurer._verify(study.volume, grouped, [])
-        reported = as_findings(grouped)
-        pairs = match_findings(study.findings, reported)
+    for study, candidates in zip(studies, reported, strict=True):
+        findings = as_findings(candidates)
+        pairs = match_findings(study.findings, findings)
         matched = {i for i, _ in pairs}
-        for i, t in enumerate(study.findings):
-            if t.kind == "lesion" and (t.long_axis_mm or 0) >= 10:
-                lesions += 1
-                found += i in matched
-        false += len(reported) - len(pairs)
-    print(
-        f"min_plane_fraction {fraction:.1f} gap {gap} verify {verify}: lesion recall "
-        f"{found / max(1, lesions):.3f} ({found}/{lesions}), false per study {false / n:.2f}",
-        flush=True,
+        lesions += len(counted(study))
+        found += sum(i in matched for i in counted(study))
+        false += len(findings) - len(pairs)
+    return (
+        f"lesion recall {found / max(1, lesions):.3f} ({found}/{lesions}), "
+        f"false per study {false / max(1, len(studies)):.2f}"
     )
 
-# diagnostics: for every true lesion >= 10 mm, the nearest raw box centre (any kind) near its z
-near_any = near_lesion = 0
-distances = []
-for study, detections, _spacing in cached:
-    for t in study.findings:
-        if t.kind != "lesion" or (t.long_axis_mm or 0) < 10:
-            continue
-        assert t.cc_extent_mm is not None
-        best, best_lesion = 1e9, 1e9
-        for d in detections:
-            if abs(d.center_lps_mm[2] - t.center_lps_mm[2]) > t.cc_extent_mm / 2:
-                continue
-            dist = ((d.center_lps_mm[0] - t.center_lps_mm[0]) ** 2
-                    + (d.center_lps_mm[1] - t.center_lps_mm[1]) ** 2) ** 0.5  # fmt: skip
-            best = min(best, dist)
-            if d.kind is FindingKind.LESION:
-                best_lesion = min(best_lesion, dist)
-        radius = max(10.0, t.long_axis_mm / 2)
-        near_any += best <= radius
-        near_lesion += best_lesion <= radius
-        distances.append(round(best_lesion, 1))
-print(
-    f"lesions with a box of any kind within the radius on some plane: {near_any}; "
-    f"of kind lesion: {near_lesion}; nearest lesion-box distances: {sorted(distances)}"
-)
+
+def diagnostics(studies: Sequence[TrainingStudy], found: Sequence[Sequence[Candidate]]) -> str:
+    """Nearest candidates to each counted lesion (module doc), as one line."""
+    near_any = near_lesion = 0
+    distances = []
+    for study, candidates in zip(studies, found, strict=True):
+        for i in counted(study):
+            t = study.findings[i]
+            half = (t.cc_extent_mm or 0.0) / 2
+            best = best_lesion = math.inf
+            for c in candidates:
+                centre = c.found.center_lps_mm
+                if abs(centre[2] - t.center_lps_mm[2]) > half:
+                    continue
+                distance = math.dist(centre[:2], t.center_lps_mm[:2])
+                best = min(best, distance)
+                if c.found.kind is FindingKind.LESION:
+                    best_lesion = min(best_lesion, distance)
+            radius = max(10.0, (t.long_axis_mm or 0.0) / 2)
+            near_any += best <= radius
+            near_lesion += best_lesion <= radius
+            distances.append(round(best_lesion, 1))
+    return (
+        f"lesions with a candidate of any kind within the radius: {near_any}; of kind lesion: "
+        f"{near_lesion}; nearest lesion-candidate distances (mm): {sorted(distances)}"
+    )
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) < 2:
+        raise SystemExit(__doc__)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    torch.set_num_threads(1)
+    loaded = load_checkpoint(argv[0])
+    n = int(argv[1])
+    source = PhantomSource(int(argv[2]) if len(argv) > 2 else 7001)
+    studies = [source.study(i) for i in range(n)]
+    settings = loaded.settings
+    confirms = settings.verify_candidates and "point" in settings.tasks
+    names = ["find", "verify"] if confirms else ["find"]
+    first: list[tuple[Candidate, ...]] | None = None
+    for rule in sorted(RULES, key=lambda r: r.min_plane_fraction):
+        measurer = CheckpointMeasurer(
+            loaded, options=InferenceOptions(grouping=rule), stages=stages_named(names)
+        )
+        after: dict[str, list[tuple[Candidate, ...]]] = {name: [] for name in names}
+        for study in studies:
+            recorder = StageRecorder()
+            measurer.measure(study.volume, source=study.name, trace=recorder)
+            for name in names:
+                after[name].append(recorder.after[name])
+        first = after["find"] if first is None else first
+        for name in names:
+            print(
+                f"min_plane_fraction {rule.min_plane_fraction:.1f} gap {rule.max_plane_gap} "
+                f"verify {name == 'verify'}: {score(studies, after[name])}",
+                flush=True,
+            )
+    assert first is not None  # RULES is not empty
+    print(diagnostics(studies, first))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
