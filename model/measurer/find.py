@@ -36,6 +36,7 @@ import torch
 
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding, find_answer, find_prompt
+from model.measurer.tiles import FIELD_EDGE_MM, field_side
 from model.measurer.voting import shift_planes
 
 if TYPE_CHECKING:
@@ -139,13 +140,12 @@ def field_extent_mm(volume: Volume) -> float:
 
 
 def prepare_find_field(
-    volume: Volume, inputs: FindInputs, *, stride: int = 1, edge_mm: float = 0.0
+    volume: Volume, inputs: FindInputs, *, stride: int = 1, edge_mm: float = FIELD_EDGE_MM
 ) -> PreparedVolume:
     """Every ``stride``-th native plane prepared for the find step over the whole field of
     view (less ``edge_mm`` on each side), square, a multiple of 28 pixels and at least one
     tile (``model.measurer.tiles``)."""
     from ingestion.prepare import PrepareConfig, prepare_volume
-    from model.measurer.tiles import field_side
 
     extent = max(inputs.size * inputs.pixel_mm, field_extent_mm(volume) - 2.0 * edge_mm)
     side = field_side(extent, inputs.pixel_mm, inputs.size)
@@ -220,8 +220,13 @@ def plane_labels(
     out: list[list[FoundFinding]] = [[] for _ in range(planes)]
     for finding in findings:
         index = geometry.lps_to_index(np.asarray(finding.center_lps_mm, dtype=np.float64))
+        z_range = finding.z_range_lps_mm
         for k in range(planes):
             plane_z = float(geometry.index_to_lps(np.array([k, 0.0, 0.0]))[2])
+            if z_range is not None and not (
+                z_range[0] - half_slab <= plane_z <= z_range[1] + half_slab
+            ):
+                continue  # a vessel (or lesion) that does not reach this plane
             scale = 1.0
             if finding.kind == "lesion":
                 scale = _cross_section_scale(finding, plane_z, half_slab)
@@ -273,6 +278,28 @@ class FindPlane:
         return FindExample(images, find_prompt(1), find_answer(found, num_images=1))
 
 
+def _tile_findings(
+    found: Sequence[FoundFinding], row: int, column: int, size: int
+) -> tuple[FoundFinding, ...]:
+    """A plane's boxes seen from the tile at ``(row, column)``: moved, clipped to the tile, and
+    left out where less than half of a box lies inside it (the overlapping tile that holds it
+    whole answers for it at inference, ``model.measurer.tiles``)."""
+    out = []
+    for finding in found:
+        r0, c0, r1, c1 = finding.box
+        box = (
+            max(0.0, r0 - row),
+            max(0.0, c0 - column),
+            min(float(size), r1 - row),
+            min(float(size), c1 - column),
+        )
+        area = (r1 - r0) * (c1 - c0)
+        inside = max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+        if area > 0 and inside >= 0.5 * area:
+            out.append(FoundFinding(finding.kind, 0, box))
+    return tuple(out)
+
+
 def find_planes(
     volume: Volume,
     findings: Sequence[TrueFinding],
@@ -280,10 +307,13 @@ def find_planes(
     rng: np.random.Generator,
     *,
     planes: int | None = None,
+    edge_mm: float = FIELD_EDGE_MM,
 ) -> list[FindPlane]:
     """Training planes of one study: ``planes`` planes drawn without replacement, those that
-    show a lesion twice as likely as the others (all planes when None)."""
-    prepared = prepare_for_find(volume, inputs)
+    show a lesion twice as likely as the others (all planes when None). The study is prepared
+    over its whole field as inference prepares it (:func:`prepare_find_field`), and each plane
+    is one tile of the trained size at a random place in that field."""
+    prepared = prepare_find_field(volume, inputs, edge_mm=edge_mm)
     labels = plane_labels(findings, prepared)
     chosen: Sequence[int] = range(len(labels))
     if planes is not None and planes < len(labels):
@@ -292,4 +322,12 @@ def find_planes(
         )
         chosen = sorted(rng.choice(len(labels), planes, replace=False, p=weight / weight.sum()))
     windows = prepared.image.to(torch.float16)  # (2, S, H, W)
-    return [FindPlane(windows[:, k].clone(), tuple(labels[k])) for k in chosen]
+    side_rows, side_columns = (int(n) for n in windows.shape[-2:])
+    size = inputs.size
+    out = []
+    for k in chosen:
+        row = int(rng.integers(0, side_rows - size + 1))
+        column = int(rng.integers(0, side_columns - size + 1))
+        tile = windows[:, k, row : row + size, column : column + size].clone()
+        out.append(FindPlane(tile, _tile_findings(labels[k], row, column, size)))
+    return out

@@ -72,7 +72,7 @@ from model.measurer.inference import MAX_ANSWER_TOKENS, MeasureOutcome, outcome_
 from model.measurer.planes import best_plane, search_points
 from model.measurer.results import Measurement, Segment3
 from model.measurer.tasks import FoundFinding, find_prompt, parse_find, parse_measure, parse_point
-from model.measurer.tiles import merge_tiles, offset_findings, tile_starts
+from model.measurer.tiles import FIELD_EDGE_MM, merge_tiles, offset_findings, tile_starts
 from model.measurer.voting import FindVoting, shift_planes, unshift_findings, vote_boxes
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class InferenceOptions:
     measure_batch: int = 16
     find_voting: FindVoting | None = None
     find_overlap_mm: float = 64.0
-    find_edge_mm: float = 5.0
+    find_edge_mm: float = FIELD_EDGE_MM
     lesion_planes: int = 6
     grouping: GroupingRule = field(default_factory=GroupingRule)
 

@@ -19,7 +19,18 @@ from collections.abc import Sequence
 
 from model.measurer.tasks import FoundFinding
 
-__all__ = ["CONTAINED_FRACTION", "field_side", "merge_tiles", "offset_findings", "tile_starts"]
+__all__ = [
+    "CONTAINED_FRACTION",
+    "FIELD_EDGE_MM",
+    "field_side",
+    "merge_tiles",
+    "offset_findings",
+    "tile_starts",
+]
+
+FIELD_EDGE_MM = 5.0
+"""The outermost margin of the reconstructed field that the find step leaves out (air or the
+table, never a finding; a phantom's 288 mm field stays one 280 mm tile)."""
 
 CONTAINED_FRACTION = 0.5
 """A box whose area lies at least this much inside a larger box of the same kind from another

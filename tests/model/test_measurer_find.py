@@ -264,3 +264,51 @@ def test_a_shifted_plane_moves_its_content_and_its_boxes(phantom: Phantom) -> No
         assert a.kind is b.kind
         expected = (b.box[0] + 9, max(0.0, b.box[1] - 5), b.box[2] + 9, b.box[3] - 5)
         assert a.box == pytest.approx(expected, abs=0.11)  # the text's 0.1 grid
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finding:
+    """A true finding (``TrueFinding``) of a real dataset: a z range of its own."""
+
+    kind: str
+    center_lps_mm: tuple[float, float, float]
+    long_axis_mm: float | None
+    short_axis_mm: float | None
+    diameter_mm: float | None
+    rotation_deg: float | None
+    cc_extent_mm: float | None
+    z_range_lps_mm: tuple[float, float] | None
+    slice_index: int = 0
+
+
+def test_training_planes_are_tiles_of_the_whole_field_with_their_labels() -> None:
+    """A 220 mm field and 56 mm tiles: each training plane is one tile at a random place, a
+    lesion's box is moved into the tile (or left out where most of it lies outside), and a
+    finding is labelled only on the planes of its z range."""
+    from ingestion.geometry import Geometry
+    from ingestion.volume import Volume
+
+    inputs = FindInputs(pixel_mm=1.0, size=56)
+    geometry = Geometry(
+        (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (2.0, 1.0, 1.0)
+    )
+    volume = Volume.in_memory(np.full((10, 220, 220), 40.0, np.float32), geometry)
+    lesion = _Finding("lesion", (180.0, 30.0, 10.0), 12.0, 12.0, None, 0.0, 40.0, None)
+    short_vessel_z = _Finding(
+        "vessel", (40.0, 180.0, 4.0), None, None, 10.0, None, None, (0.0, 6.0)
+    )
+    planes = find_planes(volume, [lesion, short_vessel_z], inputs, np.random.default_rng(3))
+    assert len(planes) == 10
+    for k, plane in enumerate(planes):
+        assert plane.windows.shape == (2, 56, 56)
+        for found in plane.findings:
+            row0, col0, row1, col1 = found.box
+            assert 0 <= row0 < row1 <= 56 and 0 <= col0 < col1 <= 56
+            if found.kind is FindingKind.VESSEL:
+                assert k * 2.0 <= 6.0 + 1.0  # only planes within its z range (+ half a slab)
+    rng = np.random.default_rng(4)
+    seen = 0
+    for _ in range(30):
+        for plane in find_planes(volume, [lesion], inputs, rng, planes=2):
+            seen += any(f.kind is FindingKind.LESION for f in plane.findings)
+    assert seen > 0  # the lesion, 180 mm from the field's edge, is seen in some tiles
