@@ -1,10 +1,14 @@
-"""``radcaliper dataset``: import annotations into a dataset folder, and show what one holds.
+"""``radcaliper dataset``: import annotations into a dataset folder, write hybrid training data
+(real CT backgrounds with synthetic lesions) into one, and show what one holds.
 
 ``radcaliper dataset import SOURCE OUT --from KIND`` turns one input into rows of the dataset
 format (``ingestion.dataset.format``) and adds them to OUT, replacing the rows of an earlier
 import of the same input. What could not be imported is one line each (file, item, reason) on
 stderr and in OUT/import_report.jsonl; the rest imports. Exit 0: everything imported; 1: some
 items were skipped; 2: nothing could be imported.
+
+``radcaliper dataset hybrid OUT --n N --seed S`` writes N studies of ``model.measurer.hybrid``
+(real CT backgrounds, synthetic lesions) into OUT, with the same exit codes.
 """
 
 from __future__ import annotations
@@ -209,6 +213,101 @@ def import_command(
     if not result.findings and not result.studies:
         raise typer.Exit(EXIT_NOTHING)
     raise typer.Exit(EXIT_PARTIAL if result.skipped else EXIT_OK)
+
+
+def _ids(option: str, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    ids = [part.strip() for part in value.split(",") if part.strip()]
+    if not ids:
+        from ingestion.errors import ConfigurationError
+
+        raise ConfigurationError(f"{option} {value!r}: give background ids, e.g. ID,ID")
+    return ids
+
+
+@dataset_app.command("hybrid")
+def hybrid_command(
+    out_dir: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The dataset folder (made if missing).")
+    ],
+    n: Annotated[int, typer.Option("--n", min=1, help="How many studies to write.")],
+    seed: Annotated[int, typer.Option("--seed", help="Study i is made from (seed, i).")] = 0,
+    backgrounds: Annotated[
+        str | None,
+        typer.Option(
+            "--backgrounds",
+            metavar="ID,...",
+            help="Use only these backgrounds (case ids of the shared data; default: every "
+            "usable one).",
+        ),
+    ] = None,
+    hold_out: Annotated[
+        str | None,
+        typer.Option(
+            "--hold-out",
+            metavar="ID,...",
+            help="Never use these backgrounds (keep them for validation: write those with "
+            "--backgrounds ID).",
+        ),
+    ] = None,
+    shared: Annotated[
+        Path | None,
+        typer.Option(
+            "--shared",
+            metavar="DIR",
+            help="The shared data folder holding real-ct/ and real-dicom/ (default: "
+            "$RADCALIPER_SHARED_DATA, else ../shared/data beside the repository).",
+        ),
+    ] = None,
+) -> None:
+    """Write N hybrid studies into the dataset folder OUT: real CT backgrounds whose licence
+    allows training a shipped model, augmented (flips, rotation, pixel spacing, field of view,
+    slice thickness, intensity), with 1-4 synthetic lesions inserted by tissue. Truth is
+    measured from each study's label map as 'dataset import --from masks' measures it;
+    images and label maps are NIfTI files beside the manifest.
+
+    Writing the same seed again replaces those studies' rows with the same rows. Exit 0:
+    every study written; 1: some could not be made (listed); 2: none.
+    """
+    from ingestion.errors import RadcaliperError
+    from model.measurer.hybrid import (
+        HybridSource,
+        choose_backgrounds,
+        shared_data_root,
+        write_hybrid_dataset,
+    )
+
+    try:
+        root = shared_data_root(shared)
+        chosen = choose_backgrounds(root, _ids("--backgrounds", backgrounds))
+        held = _ids("--hold-out", hold_out) or []
+        source = HybridSource(chosen, seed, held_out=held)
+        with progress_display() as progress:
+            task = progress.add_task("hybrid studies", total=n, status="")
+
+            def on_item(done: int, total: int, item: str) -> None:
+                progress.update(task, completed=done, total=total, status=safe(item))
+
+            dataset, report = write_hybrid_dataset(out_dir, source, n, on_item=on_item)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    failed = [line for line in report if not line.item]  # a whole study not made
+    for line in report:
+        colour = "red" if not line.item else "yellow"
+        err.print(f"[{colour}]skipped[/{colour}] {safe(line.line())}", highlight=False)
+    written = n - len(failed)
+    names = ", ".join(ref.id for ref in source.training)
+    out.print(
+        f"Wrote {written} of {n} hybrid studies (seed {seed}; backgrounds {safe(names)}) into "
+        f"{safe(out_dir)}; the dataset holds {len(dataset.series())} series, "
+        f"{len(dataset.findings)} rows",
+        highlight=False,
+    )
+    if written == 0:
+        raise typer.Exit(EXIT_NOTHING)
+    raise typer.Exit(EXIT_PARTIAL if failed else EXIT_OK)
 
 
 def _summary_table(dataset: Dataset) -> Table:

@@ -189,8 +189,17 @@ def train(
         typer.Option(
             "--dataset",
             help="Train on dataset folders ('radcaliper dataset import'), mixed by weight: "
-            "DIR[:weight],... ; 'phantoms' stands for phantoms generated on the fly, e.g. "
-            "--dataset site:3,phantoms:1.",
+            "DIR[:weight],... ; 'phantoms' stands for phantoms generated on the fly, 'hybrid' "
+            "for real CT backgrounds of the shared data with synthetic lesions made on the fly "
+            "(see --hold-out), e.g. --dataset site:3,phantoms:1 or hybrid:2,phantoms:1.",
+        ),
+    ] = None,
+    hold_out: Annotated[
+        str | None,
+        typer.Option(
+            "--hold-out",
+            help="Hybrid backgrounds (ids, comma-separated) never used for training: keep them "
+            "for calibration and validation ('radcaliper dataset hybrid --hold-out').",
         ),
     ] = None,
 ) -> None:
@@ -225,9 +234,15 @@ def train(
     if dataset is not None and phantoms_dir is not None:
         err.print("[red]error:[/red] give --dataset or --phantoms, not both")
         raise typer.Exit(EXIT_NOTHING)
+    if hold_out and (dataset is None or "hybrid" not in dataset):
+        err.print(
+            "[red]error:[/red] --hold-out names hybrid backgrounds: use it with --dataset hybrid"
+        )
+        raise typer.Exit(EXIT_NOTHING)
     try:
         if dataset is not None:
-            source: StudySource = parse_sources(dataset, config.seed)
+            held_out = tuple(i for i in (hold_out or "").split(",") if i)
+            source: StudySource = parse_sources(dataset, config.seed, held_out=held_out)
         elif phantoms_dir is not None:
             source = FolderSource(phantoms_dir)
         else:

@@ -310,14 +310,24 @@ class MixedSource:
         }
 
 
-def parse_sources(spec: str, seed: int) -> StudySource:
+def _hybrid_source(seed: int, held_out: Sequence[str] = ()) -> StudySource:
+    """Hybrid studies (``model.measurer.hybrid``) on every usable background of the shared
+    data folder (``$RADCALIPER_SHARED_DATA``, else ``../shared/data`` beside the repository)."""
+    from model.measurer.hybrid import HybridSource, choose_backgrounds, shared_data_root
+
+    return HybridSource(choose_backgrounds(shared_data_root()), seed, held_out=held_out)
+
+
+def parse_sources(spec: str, seed: int, *, held_out: Sequence[str] = ()) -> StudySource:
     """``DIR[:weight],...`` (``radcaliper train --dataset``) as a study source: each DIR a
-    dataset folder, or ``phantoms`` for phantoms generated on the fly from ``seed``; weights
-    default to 1. One part without a weight is that source itself.
+    dataset folder, ``phantoms`` for phantoms generated on the fly from ``seed``, or
+    ``hybrid`` for real CT backgrounds with synthetic lesions made on the fly from ``seed``
+    (``model.measurer.hybrid``; ``held_out``: background ids it never uses); weights default
+    to 1. One part without a weight is that source itself.
 
     Raises:
-        ConfigurationError: an empty part, a weight that is not a positive number, or a folder
-            that is not a dataset.
+        ConfigurationError: an empty part, a weight that is not a positive number, a folder
+            that is not a dataset, or (hybrid) no shared data folder or no usable background.
     """
     parts: list[tuple[StudySource, float]] = []
     for raw in spec.split(","):
@@ -335,9 +345,13 @@ def parse_sources(spec: str, seed: int) -> StudySource:
                 name = head
                 if not (math.isfinite(weight) and weight > 0):
                     raise ConfigurationError(f"--dataset {item!r}: the weight must be > 0")
-        source: StudySource = (
-            PhantomSource(seed) if name == "phantoms" else DatasetSource(Path(name))
-        )
+        source: StudySource
+        if name == "phantoms":
+            source = PhantomSource(seed)
+        elif name == "hybrid":
+            source = _hybrid_source(seed, held_out)
+        else:
+            source = DatasetSource(Path(name))
         parts.append((source, weight))
     if len(parts) == 1:
         return parts[0][0]

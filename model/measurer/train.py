@@ -508,6 +508,10 @@ def _leaves(source: StudySource) -> list[StudySource]:
     return [source]
 
 
+_HYBRID_SAMPLES = 12
+"""Hybrid studies drawn to see the spacings and fields of view its augmentations make."""
+
+
 def _part(source: StudySource) -> tuple[list[_Seen], list[DataSource], str | None]:
     """What one source shows (phantoms: the spec's extremes; folders and datasets: each
     study, loaded), its data sources with their licences, and its anatomy where known."""
@@ -536,6 +540,21 @@ def _part(source: StudySource) -> tuple[list[_Seen], list[DataSource], str | Non
     if isinstance(source, FolderSource):
         seen = [_seen(source.study(i).volume) for i in range(len(source.folders))]
         return seen, [DataSource(str(source.root), "unknown", "folder")], None
+    from model.measurer.hybrid import HybridSource
+
+    if isinstance(source, HybridSource):
+        # each background as it is, and what its augmentations make of it (a sample)
+        seen = [_seen(ref.load().volume) for ref in source.training]
+        seen += [_seen(source.study(i).volume) for i in range(_HYBRID_SAMPLES)]
+        parts = [
+            DataSource(
+                f"{ref.id}: {ref.title} (real CT background; lesions synthetic, radcaliper)",
+                ref.licence,
+                "hybrid",
+            )
+            for ref in source.training
+        ]
+        return seen, parts, None
     raise ConfigurationError(
         f"the validated domain of a {type(source).__name__} training source is not known; "
         "pass train(..., domain=Domain(...)) stating what it holds"

@@ -1,0 +1,176 @@
+"""Benchmark: a checkpoint on hybrid studies of held-out real backgrounds (issue 23's targets).
+
+Hybrid studies (``model.measurer.hybrid``: real CT backgrounds with synthetic lesions inserted,
+truth measured from the final label map) are made from the backgrounds named by ``--held-out``
+only (leave-one-background-out: a checkpoint trained with ``held_out`` set to the same ids
+never saw them). Two tasks are scored:
+
+- **click**: ``measure_at`` at every true lesion's centre (the UI's click): the lesions >= 10 mm
+  the point task names as a lesion, long- and short-axis MAE, and how often the 90 % ranges
+  cover the truth; a "none", a vessel or a malformed answer at a lesion counts as missed;
+- **detection**: ``measure`` on the whole study, scored with ``evaluate.score_study`` (the
+  matching rule of every evaluation): lesion recall >= 10 mm, false findings per study,
+  vessels (from the background's masks) found and their diameter MAE.
+
+Usage::
+
+    python benchmarks/bench_hybrid.py --model DIR --held-out ts_abdomen_dicom --n 20 --seed 9001
+
+Prints a markdown table (and writes it with ``--json``). Run alone: timings are not
+meaningful beside other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ingestion.errors import ModelError
+from model.measurer.checkpoint import default_checkpoint
+from model.measurer.evaluate import score_study
+from model.measurer.hybrid import HybridSource, choose_backgrounds, shared_data_root
+from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.results import FindingKind
+
+logger = logging.getLogger("bench_hybrid")
+
+
+def _mae(errors: list[float]) -> float:
+    return statistics.fmean(errors) if errors else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: demo)")
+    parser.add_argument("--held-out", required=True, help="background ids, comma-separated")
+    parser.add_argument("--n", type=int, default=20, help="hybrid studies")
+    parser.add_argument("--seed", type=int, default=9001)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--shared", type=Path, default=None, help="the shared data folder")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    held_out = [s for s in args.held_out.split(",") if s]
+    root = shared_data_root(args.shared)
+    refs = choose_backgrounds(root, None)
+    source = HybridSource(refs, args.seed, held_out=held_out).validation()
+    model_dir = args.model or default_checkpoint()
+    measurer = CheckpointMeasurer.load(model_dir)
+
+    click_long: list[float] = []
+    click_short: list[float] = []
+    covered = {"long_axis": 0, "short_axis": 0}
+    ranged = {"long_axis": 0, "short_axis": 0}
+    click_total = click_named = 0
+    lesions = found = false = vessels = vessels_found = refused = 0
+    diameter_errors: list[float] = []
+    seconds: list[float] = []
+    began = time.perf_counter()
+    for index in range(args.n):
+        study = source.study(index)
+        for truth in study.findings:
+            if truth.kind != "lesion" or (truth.long_axis_mm or 0.0) < 10.0:
+                continue
+            click_total += 1
+            try:
+                reported = measurer.measure_at(study.volume, truth.center_lps_mm)
+            except ModelError:
+                continue
+            if reported is None or reported.kind is not FindingKind.LESION:
+                continue
+            long, short = reported.measurements
+            if long.value_mm is None or short.value_mm is None:
+                continue
+            click_named += 1
+            for m, true in ((long, truth.long_axis_mm), (short, truth.short_axis_mm)):
+                assert true is not None and m.value_mm is not None
+                (click_long if m.name == "long_axis" else click_short).append(
+                    abs(m.value_mm - true)
+                )
+                if m.range_mm is not None:
+                    ranged[str(m.name)] += 1
+                    covered[str(m.name)] += m.range_mm[0] <= true <= m.range_mm[1]
+        outcome = score_study(study, measurer)
+        if outcome.result is None:
+            refused += 1
+            continue
+        seconds.append(outcome.seconds)
+        matched = dict(outcome.matches)
+        for t, truth in enumerate(study.findings):
+            if truth.kind == "lesion" and (truth.long_axis_mm or 0.0) >= 10.0:
+                lesions += 1
+                found += t in matched
+            elif truth.kind == "vessel":
+                vessels += 1
+                if t in matched:
+                    vessels_found += 1
+                    (value,) = outcome.result.findings[matched[t]].measurements
+                    if value.value_mm is not None and truth.diameter_mm is not None:
+                        diameter_errors.append(abs(value.value_mm - truth.diameter_mm))
+        false += outcome.false_and_unjudged()[0]
+        print(f"  {index + 1}/{args.n} studies", file=sys.stderr)
+    measured = args.n - refused
+    figures = {
+        "model": f"{measurer.info.name} {measurer.info.version}",
+        "held_out": held_out,
+        "studies": args.n,
+        "seed": args.seed,
+        "refused": refused,
+        "click_lesions": click_total,
+        "click_named_lesion": click_named,
+        "click_mae_long_mm": _mae(click_long),
+        "click_mae_short_mm": _mae(click_short),
+        "click_coverage_long": covered["long_axis"] / max(1, ranged["long_axis"]),
+        "click_coverage_short": covered["short_axis"] / max(1, ranged["short_axis"]),
+        "lesion_recall": found / max(1, lesions),
+        "lesions": lesions,
+        "lesions_found": found,
+        "false_per_study": false / max(1, measured),
+        "vessels": vessels,
+        "vessels_found": vessels_found,
+        "vessel_diameter_mae_mm": _mae(diameter_errors),
+        "seconds_per_study_median": statistics.median(seconds) if seconds else math.nan,
+        "wall_s": time.perf_counter() - began,
+    }
+    rows = [
+        ("click: lesions >= 10 mm named a lesion", f"{click_named}/{click_total}", ""),
+        (
+            "click: MAE long / short",
+            f"{_mae(click_long):.2f} / {_mae(click_short):.2f} mm",
+            "<= 2.0 mm",
+        ),
+        (
+            "click: 90 % range coverage long / short",
+            f"{figures['click_coverage_long']:.3f} / {figures['click_coverage_short']:.3f}",
+            "0.88-0.92",
+        ),
+        ("detection: lesion recall >= 10 mm", f"{found}/{lesions}", ">= 0.80"),
+        ("detection: false findings per study", f"{figures['false_per_study']:.2f}", "<= 1.0"),
+        ("detection: vessels found", f"{vessels_found}/{vessels}", "every aorta"),
+        ("detection: vessel diameter MAE", f"{_mae(diameter_errors):.2f} mm", "<= 2.5 mm"),
+        ("seconds per study (median)", f"{figures['seconds_per_study_median']:.1f} s", ""),
+        ("studies refused", f"{refused}/{args.n}", ""),
+    ]
+    print(f"\n- command: `python benchmarks/bench_hybrid.py {' '.join(argv or sys.argv[1:])}`")
+    print(f"- model: {figures['model']} ({model_dir})")
+    print(f"- held-out backgrounds: {', '.join(held_out)}; {args.n} studies, seed {args.seed}")
+    print("\n| metric | value | target |\n|---|---|---|")
+    for name, value, target in rows:
+        print(f"| {name} | {value} | {target} |")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
