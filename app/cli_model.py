@@ -693,7 +693,7 @@ def serve(
     from app.files import owner_only_dir
     from app.progress import steps_display
     from app.ui.context import UiContext
-    from app.ui.demo import seed_demo
+    from app.ui.demo import demo_real_study, seed_demo
     from app.ui.server import APP_PATH, create_app
     from ingestion import Modality
 
@@ -713,8 +713,18 @@ def serve(
         with steps_display("preparing the demo") as status:
             status.update("loading the demo model")
             measurer = context.measurer()
+            real = demo_real_study()
+            if real is None:
+                out.print(
+                    "no shared data folder on this machine: the demo shows phantoms only "
+                    "(set RADCALIPER_SHARED_DATA to add the real CT demo study)"
+                )
             passwords = seed_demo(
-                store, measurer, settings.data_dir, on_step=lambda text: status.update(text)
+                store,
+                measurer,
+                settings.data_dir,
+                on_step=lambda text: status.update(text),
+                real_study=real,
             )
         for name, password in passwords.items():
             out.print(f"demo user [bold]{name}[/bold] password: {password}")

@@ -3,7 +3,9 @@
 Pipeline stage ``prepare``: one MONAI ``Compose`` of dictionary transforms on ``"image"`` that
 training and inference share (:func:`build_preparation`), fed by :func:`volume_to_dict`, and the
 one-call :func:`prepare_volume` that returns a :class:`PreparedVolume` whose affine maps every
-prepared voxel back to DICOM patient space (LPS, mm).
+prepared voxel back to DICOM patient space (LPS, mm). :func:`crop_volume` resamples a volume onto
+any small grid in patient space (the measurer's crops) the same way: trilinear through the full
+affine, air outside, with MONAI's ``Resample`` (see ``ingestion/_prepare/crop.py``).
 
 Coordinate conventions (read before touching the transforms)
 -------------------------------------------------------------
@@ -83,6 +85,7 @@ from ingestion._prepare.config import (
     PrepareConfig,
     Window,
 )
+from ingestion._prepare.crop import crop_volume
 from ingestion._prepare.slices import SelectSlicesd, resolve_slice_indices, select_slices
 from ingestion.errors import PreparationError
 from ingestion.geometry import Geometry
@@ -102,6 +105,7 @@ __all__ = [
     "SelectSlicesd",
     "Window",
     "build_preparation",
+    "crop_volume",
     "prepare_volume",
     "resolve_slice_indices",
     "select_slices",

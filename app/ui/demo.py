@@ -1,6 +1,11 @@
-"""First start of the review UI: a few phantom studies measured with the demo model, and demo
-users with random passwords, so that ``make run`` shows something real (labelled demo, not for
-clinical use)."""
+"""First start of the review UI: a few phantom studies and one real CT measured with the demo
+model, and demo users with random passwords, so that ``make run`` shows something real
+(labelled demo, not for clinical use).
+
+The real CT (:data:`DEMO_REAL_CASE`: an abdominal CT, 20 slices, from TotalSegmentator's test
+files, Apache-2.0) is read in place from the shared data folder where the machine has one
+(:func:`demo_real_study`); it is never copied into the repository. Without it the demo shows
+phantoms only and says so."""
 
 from __future__ import annotations
 
@@ -15,13 +20,28 @@ from sqlalchemy import func, select
 from db.engine import Store
 from db.models import Role, Study, User
 
-__all__ = ["DEMO_SEED", "DEMO_USERS", "seed_demo"]
+__all__ = ["DEMO_REAL_CASE", "DEMO_SEED", "DEMO_USERS", "demo_real_study", "seed_demo"]
 
 logger = logging.getLogger(__name__)
 
 DEMO_SEED = 7
 DEMO_STUDIES = 3
 DEMO_USERS = (("reviewer", Role.REVIEWER), ("auditor", Role.AUDITOR), ("admin", Role.ADMIN))
+DEMO_REAL_CASE = "ts_abdomen_dicom"
+
+
+def demo_real_study(shared: Path | None = None) -> Path | None:
+    """The real CT's DICOM folder in the shared data folder (``$RADCALIPER_SHARED_DATA``, else
+    ``../shared/data`` beside the repository), or None where this machine has none."""
+    from ingestion.errors import ConfigurationError
+    from model.measurer.hybrid import shared_data_root
+
+    try:
+        root = shared_data_root(shared)
+    except ConfigurationError:
+        return None
+    folder = root / "real-ct" / DEMO_REAL_CASE / "dicom"
+    return folder if folder.is_dir() else None
 
 
 def _count(store: Store, table: type) -> int:
@@ -35,13 +55,16 @@ def seed_demo(
     data_dir: Path,
     *,
     on_step: Callable[[str], None] | None = None,
+    real_study: Path | None = None,
 ) -> dict[str, str]:
-    """Fill an empty store: phantom studies (written under ``data_dir/demo-studies``) measured
-    and stored, and the demo users; returns the new users' passwords (also written to
-    ``data_dir/demo-users.txt``, readable by the owner only). Does nothing to a store that
-    holds studies or users already."""
+    """Fill an empty store: phantom studies (written under ``data_dir/demo-studies``) and the
+    real CT folder ``real_study`` (where given) measured and stored, and the demo users;
+    returns the new users' passwords (also written to ``data_dir/demo-users.txt``, readable by
+    the owner only). Does nothing to a store that holds studies or users already. A real study
+    the model refuses is logged and left out; the phantoms are still stored."""
     from app.measuring import measure_and_store
     from db.users import add_user
+    from ingestion.errors import RadcaliperError
     from ingestion.load import load_path
     from ingestion.phantoms import write_phantoms
 
@@ -62,6 +85,15 @@ def seed_demo(
                 measure_and_store(
                     measurer, volume, source=str(study / "dicom"), store=store, actor="demo"
                 )
+        if real_study is not None:
+            step(f"measuring the real CT demo study ({DEMO_REAL_CASE})")
+            for volume in load_path(real_study).volumes:
+                try:
+                    measure_and_store(
+                        measurer, volume, source=str(real_study), store=store, actor="demo"
+                    )
+                except RadcaliperError as error:
+                    logger.warning("the real demo study was not stored: %s", error)
     if _count(store, User) == 0:
         step("creating the demo users")
         with store.writer() as session:

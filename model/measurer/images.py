@@ -7,7 +7,8 @@
 - :func:`find_images`: ``K`` evenly spread slices of a :class:`~ingestion.prepare.PreparedVolume`
   with the way from their pixels to LPS and back (:class:`FindImages`).
 - :func:`crop_around`: an axial crop at a chosen mm per pixel around an LPS point, resampled
-  straight from the HU volume through its full geometry (:class:`Crop`).
+  from the HU volume through its full geometry by ``ingestion.prepare.crop_volume`` (MONAI),
+  then windowed (:class:`Crop`).
 
 Conventions
 -----------
@@ -47,7 +48,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.nn.functional as F
 
 from ingestion.geometry import Geometry
 
@@ -495,63 +495,6 @@ def _crop_geometry(
     )
 
 
-def _air_padded_block(
-    voxels: npt.NDArray[np.float32], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
-) -> torch.Tensor:
-    """Voxels ``lo..hi`` (inclusive, may reach one voxel outside) as a float32 tensor, air
-    outside the volume."""
-    shape = np.asarray(voxels.shape, dtype=np.int64)
-    start, stop = np.maximum(lo, 0), np.minimum(hi, shape - 1)
-    block = np.full(tuple(hi - lo + 1), AIR_HU, dtype=np.float32)  # (Sb, Rb, Cb)
-    if np.all(start <= stop):
-        inner = tuple(slice(int(a), int(b) + 1) for a, b in zip(start, stop, strict=True))
-        where = tuple(
-            slice(int(a - o), int(b - o) + 1) for a, b, o in zip(start, stop, lo, strict=True)
-        )
-        block[where] = voxels[inner]
-    return torch.from_numpy(block)
-
-
-def _resample(volume: Volume, crop: Geometry, shape: tuple[int, int, int]) -> torch.Tensor:
-    """HU of ``volume`` at every point of the ``shape`` crop grid: (F, size, size) float32.
-
-    Trilinear interpolation through the full affine (shear included) on the block of voxels the
-    crop touches, plus a ring of air voxels where it reaches beyond the volume; points further
-    out take the air of that ring (border padding).
-    """
-    to_index = np.linalg.solve(volume.affine, crop.affine)  # crop index -> volume index
-    linear, offset = to_index[:3, :3], to_index[:3, 3]
-    corners = np.array(list(itertools.product(*((0, n - 1) for n in shape))), dtype=np.float64)
-    reach = corners @ linear.T + offset  # (8, 3) volume indices of the crop's corners
-    n = np.asarray(volume.shape, dtype=np.int64)
-    lo = np.clip(np.floor(reach.min(axis=0)), -1, n).astype(np.int64)
-    hi = np.clip(np.floor(reach.max(axis=0)) + 1, -1, n).astype(np.int64)
-    block = _air_padded_block(volume.voxels, lo, hi)  # (Sb, Rb, Cb)
-
-    # Normalised block coordinates (grid_sample, align_corners=True) of crop index (f, r, c):
-    # affine, so a sum of one (n, 3) table per crop axis, in grid_sample's (x, y, z) order.
-    to_block = 2.0 / np.maximum(hi - lo, 1).astype(np.float64)  # block index -> normalised
-    matrix = (to_block[:, None] * linear)[::-1]  # (3 xyz, 3 crop axes)
-    shift = (to_block * (offset - lo) - 1.0)[::-1]  # (3,) xyz
-    steps = [
-        (np.arange(k, dtype=np.float64)[:, None] * matrix[:, axis]).astype(np.float32)
-        for axis, k in enumerate(shape)
-    ]  # (F, 3), (size, 3), (size, 3)
-    grid = (
-        torch.from_numpy(steps[0])[:, None, None]
-        + torch.from_numpy(steps[1])[None, :, None]
-        + torch.from_numpy(steps[2] + shift.astype(np.float32))[None, None, :]
-    )  # (F, size, size, 3)
-    sampled = F.grid_sample(
-        block[None, None],  # (1, 1, Sb, Rb, Cb)
-        grid[None],  # (1, F, size, size, 3)
-        mode="bilinear",
-        padding_mode="border",
-        align_corners=True,
-    )  # (1, 1, F, size, size)
-    return sampled[0, 0]
-
-
 def _apply_windows(hu: torch.Tensor, windows: tuple[tuple[float, float], ...]) -> torch.Tensor:
     """(F, H, W) HU -> (F, C, H, W) in [0, 1]: level - width/2 -> 0, level + width/2 -> 1."""
     low = torch.tensor([lv - w / 2 for lv, w in windows], dtype=torch.float32).view(-1, 1, 1)
@@ -602,7 +545,11 @@ def crop_around(
     step = _z_spacing(volume.geometry) if slice_mm is None else _positive("slice_mm", slice_mm)
     windows = _windows(window)
     geometry = _crop_geometry(centre, pixel, int(size), frames, step)
-    hu = _resample(volume, geometry, (frames, int(size), int(size)))  # (F, size, size)
+    # Imported here: ingestion.prepare imports MONAI (seconds), which importing this module
+    # should not cost.
+    from ingestion.prepare import crop_volume
+
+    hu = crop_volume(volume, geometry, (frames, int(size), int(size)), pad_value=AIR_HU)
     return Crop(
         image=_apply_windows(hu, windows),  # (F, C, size, size)
         geometry=geometry,

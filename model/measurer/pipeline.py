@@ -92,6 +92,7 @@ class CheckpointMeasurer:
             default_stages(loaded.settings) if stages is None else tuple(stages)
         )
         self._traces: list[Trace] = []
+        self._answered = 0
 
     @classmethod
     def load(
@@ -132,8 +133,14 @@ class CheckpointMeasurer:
 
         return unsubscribe
 
+    @property
+    def prompts_answered(self) -> int:
+        """Prompts :meth:`generate` has answered since the measurer was made."""
+        return self._answered
+
     def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[str]:
         """Greedy answers of one batch of examples, numbers written out (``StageModel``)."""
+        self._answered += len(examples)
         return generate_texts(
             self.lm,
             self.loaded.tokenizer,

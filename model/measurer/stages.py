@@ -208,6 +208,11 @@ class StageModel(Protocol):
         """Whether numbers are [NUM] tokens (a numeric head) rather than digits."""
         ...
 
+    @property
+    def prompts_answered(self) -> int:
+        """How many prompts :meth:`generate` has answered so far (for the trace)."""
+        ...
+
     def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[str]:
         """Greedy answers of one batch of examples, numbers written out."""
         ...
@@ -222,11 +227,13 @@ class InferenceStage(NamedTuple):
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """What a stage left: its name, the state after it and the seconds it took."""
+    """What a stage left: its name, the state after it, the seconds it took and the prompts
+    the model answered in it."""
 
     stage: str
     state: StudyState
     seconds: float
+    prompts: int = 0
 
 
 Trace = Callable[[TraceEvent], None]
@@ -240,9 +247,11 @@ def run_stages(
 ) -> StudyState:
     """Run ``stages`` in order from ``state``, telling each of ``traces`` after every stage."""
     for stage in stages:
-        start = time.perf_counter()
+        start, asked = time.perf_counter(), model.prompts_answered
         state = stage.run(model, state)
-        event = TraceEvent(stage.name, state, time.perf_counter() - start)
+        event = TraceEvent(
+            stage.name, state, time.perf_counter() - start, model.prompts_answered - asked
+        )
         logger.debug(
             "stage %s: %d candidates, %.2fs", stage.name, len(state.candidates), event.seconds
         )

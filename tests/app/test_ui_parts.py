@@ -229,3 +229,34 @@ def test_the_first_start_seeds_demo_studies_and_users(tmp_path: Path) -> None:
     assert all(verify_password(users[n].password_hash, p) for n, p in passwords.items())
     assert seed_demo(store, None, tmp_path) == {}  # a second start changes nothing
     store.dispose()
+
+
+def test_the_first_start_also_measures_the_real_ct_where_the_machine_has_it(
+    tmp_path: Path,
+) -> None:
+    """The shared real CT (Apache-2.0) is read in place and stored beside the phantoms, named
+    by its folder; without a shared folder there is none to add."""
+    from app.ui.demo import DEMO_REAL_CASE, demo_real_study, seed_demo
+    from db.models import Study
+    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.pipeline import CheckpointMeasurer
+
+    assert demo_real_study(tmp_path / "no-such-folder") is None
+    real = demo_real_study()
+    assert real is not None and real.parts[-2] == DEMO_REAL_CASE  # the shared set is here
+    url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
+    upgrade(url)
+    store = open_store(url)
+    steps: list[str] = []
+    seed_demo(
+        store,
+        CheckpointMeasurer.load(default_checkpoint()),
+        tmp_path,
+        on_step=steps.append,
+        real_study=real,
+    )
+    assert f"measuring the real CT demo study ({DEMO_REAL_CASE})" in steps
+    with store.reader() as session:
+        studies = session.execute(select(Study)).scalars().all()
+    assert len(studies) == 4
+    store.dispose()

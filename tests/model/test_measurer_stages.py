@@ -66,6 +66,10 @@ class FixedAnswers:
     numeric_tokens: bool = False
     prompts: list[str] = field(default_factory=list)
 
+    @property
+    def prompts_answered(self) -> int:
+        return len(self.prompts)
+
     def generate(self, examples: Sequence[object], max_new_tokens: int) -> list[str]:
         out = []
         for example in examples:
@@ -125,6 +129,8 @@ def test_the_trace_hook_sees_every_stage_in_order_with_its_state() -> None:
     state = run_stages(model, StudyState(_volume()), stages, [events.append])
     assert [e.stage for e in events] == ["find", "verify", "measure", "calibrate"]
     assert all(e.seconds >= 0 for e in events)
+    assert sum(e.prompts for e in events) == len(model.prompts) > 0
+    assert events[-1].prompts == 0  # calibrate asks the model nothing
     assert events[-1].state is state
     found = events[0].state.candidates
     assert len(found) == 1 and found[0].found.kind is LESION and found[0].outcome is None
