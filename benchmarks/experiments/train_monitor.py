@@ -63,8 +63,6 @@ for i in range(g("held", 40)):
     held_planes += find_planes(v, ph.findings, config.find_inputs, held_rng, planes=3)
 print(f"held out: {len(held_patches)} findings, {len(held_planes)} planes", flush=True)
 
-state = {}
-
 
 def monitor(lm, tokenizer):
     lm.eval()
@@ -156,32 +154,9 @@ def on_step(r):
             flush=True,
         )
     if r.step % g("eval", 500) == 0 or r.step == r.total:
-        monitor(state["lm"], state["tok"])
+        monitor(r.lm, r.tokenizer)  # the public hook: StepReport carries the model in training
 
 
-# hook to get lm: wrap NumericLM construction
-import model.measurer.train as T  # noqa: E402
-
-orig = T.NumericLM
-
-
-class Spy(orig):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        state["lm"] = self
-
-
-T.NumericLM = Spy
-orig_tok = T.build_tokenizer
-
-
-def tok():
-    t = orig_tok()
-    state["tok"] = t
-    return t
-
-
-T.build_tokenizer = tok
 studies = [0]
 train(
     config,

@@ -292,6 +292,10 @@ class StepReport:
     numeric_loss: float | None
     seconds: float  # since this process started training
     axes_loss: float | None = None
+    # the model being trained and its tokenizer, for monitors that evaluate it during training
+    # (read them, never step them: training goes on with the same objects)
+    lm: NumericLM | None = field(default=None, repr=False, compare=False)
+    tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False, compare=False)
 
 
 def build_default_model(
@@ -772,6 +776,8 @@ def train(
                         total.get("numeric"),
                         time.monotonic() - began,
                         total.get("axes"),
+                        run.lm,
+                        run.tokenizer,
                     )
                 )
             if done % config.checkpoint_every == 0 or done == stage_end:

@@ -158,5 +158,3 @@ def test_the_demo_checkpoint_ships_with_its_card() -> None:
     assert "not for clinical use" in text.lower() and "radcaliper train" in text
     size = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
     assert size <= 30 * 2**20
-
-
