@@ -216,3 +216,16 @@ def test_evaluate_on_real_cases_end_to_end(tmp_path: Path) -> None:
     assert (summary["studies"], summary["refused"]) == (2, 1)
     assert summary["lesions_10mm"] == 1 and summary["findings_in_refused_studies"] == 1
     assert "| lidc0314_nodule/dicom | 1 |" in evaluated.output
+
+
+def test_train_hold_out_names_hybrid_backgrounds_only(tmp_path: Path) -> None:
+    """--hold-out without a hybrid source is refused before anything is trained; an unknown
+    background is named (nothing written either way)."""
+    alone = runner.invoke(app, ["train", str(tmp_path / "a"), "--hold-out", "lidc0314_nodule"])
+    assert alone.exit_code == 2 and "use it with --dataset hybrid" in alone.output
+    unknown = runner.invoke(
+        app,
+        ["train", str(tmp_path / "b"), "--dataset", "hybrid", "--hold-out", "no_such_case"],
+    )
+    assert unknown.exit_code == 2 and "no_such_case" in unknown.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
