@@ -143,8 +143,8 @@ def prepare_find_field(
     volume: Volume, inputs: FindInputs, *, stride: int = 1, edge_mm: float = FIELD_EDGE_MM
 ) -> PreparedVolume:
     """Every ``stride``-th native plane prepared for the find step over the whole field of
-    view (less ``edge_mm`` on each side), square, a multiple of 28 pixels and at least one
-    tile (``model.measurer.tiles``)."""
+    view (less ``edge_mm`` on each side), square and at least one tile
+    (``model.measurer.tiles``)."""
     from ingestion.prepare import PrepareConfig, prepare_volume
 
     extent = max(inputs.size * inputs.pixel_mm, field_extent_mm(volume) - 2.0 * edge_mm)

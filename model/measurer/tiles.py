@@ -37,13 +37,13 @@ CONTAINED_FRACTION = 0.5
 tile is a piece of it."""
 
 
-def field_side(extent_mm: float, pixel_mm: float, tile: int, multiple: int = 28) -> int:
-    """The prepared side (pixels) that holds a field of ``extent_mm``: at least one tile,
-    rounded up to ``multiple``."""
+def field_side(extent_mm: float, pixel_mm: float, tile: int) -> int:
+    """The prepared side (pixels) that holds a field of ``extent_mm``: at least one tile.
+    (Tiles are cut from it, so it need not be a multiple of the vision tower's 28 pixels:
+    rounding a 491 mm field up to 504 pixels would take a third tile per axis.)"""
     if not (math.isfinite(extent_mm) and extent_mm > 0 and pixel_mm > 0):
         raise ValueError(f"field extent and pixel size must be > 0, got {extent_mm}, {pixel_mm}")
-    side = math.ceil(extent_mm / pixel_mm / multiple) * multiple
-    return max(tile, side)
+    return max(tile, math.ceil(extent_mm / pixel_mm - 1e-6))
 
 
 def tile_starts(side: int, tile: int, overlap: int) -> list[int]:
