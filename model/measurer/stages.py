@@ -102,6 +102,7 @@ __all__ = [
     "merge",
     "recentre",
     "run_stages",
+    "segment_to_lps",
     "stages_named",
     "verify",
 ]
@@ -373,7 +374,7 @@ def verify(model: StageModel, state: StudyState) -> StudyState:
     return state.with_candidates(kept, *warnings)
 
 
-def _segment_lps(crop: object, frame: float, segment: Segment) -> Segment3:
+def segment_to_lps(crop: object, frame: float, segment: Segment) -> Segment3:
     """Crop pixel edges (row, column) -> LPS mm end points (pixel centres are edges - 0.5)."""
     (r0, c0), (r1, c1) = segment
     a, b = crop.pixel_to_lps(  # type: ignore[attr-defined]
@@ -403,7 +404,7 @@ def _draw_axes(
             out.append(None)
             continue
         frame = (example.crop.image.shape[0] - 1) / 2
-        out.append(tuple(_segment_lps(example.crop, frame, s) for s in parsed.segments))
+        out.append(tuple(segment_to_lps(example.crop, frame, s) for s in parsed.segments))
     return out, malformed
 
 

@@ -459,7 +459,9 @@ def test_vessel_section_diameter_centre_and_ends(
     offset: tuple[float, float],
 ) -> None:
     """Discs and ellipses: diameter (the minor axis) within 0.5 pixel along it, centre within
-    0.1 mm + 0.05 pixel, end points through the centre along the minor axis."""
+    0.1 mm + 0.2 pixel (the centroid of a small rasterised disc is off by up to ~0.16 px where
+    its edge falls on the lattice: a 5.25 px disc, 1.25 mm rows, offset 0.25 px), end points
+    through the centre along the minor axis."""
     major = np.array([math.cos(angle), math.sin(angle)])
     minor = np.array([-major[1], major[0]])
     major_px = radius_px * stretch * _pitch(minor, rs, cs) / _pitch(major, rs, cs)
@@ -471,7 +473,7 @@ def test_vessel_section_diameter_centre_and_ends(
     assert abs(section.diameter_mm - 2 * e.semi_minor_mm) <= 0.5 * e.minor_pitch
     assert section.major_axis_mm >= section.diameter_mm
     centre = e.lps(e.centre_uv)
-    assert math.dist(section.center_lps_mm, centre) <= 0.1 + 0.05 * max(rs, cs)
+    assert math.dist(section.center_lps_mm, centre) <= 0.1 + 0.2 * max(rs, cs)
     ends = np.array(section.diameter_lps_mm)
     assert np.linalg.norm(ends[1] - ends[0]) == pytest.approx(section.diameter_mm)
     assert np.allclose(ends.mean(axis=0), section.center_lps_mm)

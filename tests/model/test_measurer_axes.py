@@ -100,7 +100,7 @@ def test_an_axis_leaving_the_crop_gives_no_example() -> None:
 
 
 def test_the_pipeline_maps_answered_segments_back_to_patient_space() -> None:
-    from model.measurer.pipeline import _segment_lps
+    from model.measurer.stages import segment_to_lps
 
     phantom = generate_phantom(11)
     volume = phantom_volume(phantom)
@@ -110,6 +110,6 @@ def test_the_pipeline_maps_answered_segments_back_to_patient_space() -> None:
     assert example is not None and example.answer is not None
     parsed = parse_axes(example.answer, finding.kind)
     for (a, b), segment in zip(true, parsed.segments, strict=True):
-        got = sorted(_segment_lps(example.crop, 0.0, segment))
+        got = sorted(segment_to_lps(example.crop, 0.0, segment))
         want = sorted((tuple(a), tuple(b)))
         np.testing.assert_allclose(got, want, atol=0.08)
