@@ -112,7 +112,6 @@ if TYPE_CHECKING:
         plane_images,
         plane_labels,
         prepare_find_field,
-        prepare_for_find,
     )
     from model.measurer.grouping import (
         Detection,
@@ -355,7 +354,6 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "plane_images",
         "plane_labels",
         "prepare_find_field",
-        "prepare_for_find",
     ),
     "model.measurer.grouping": (
         "Detection",
@@ -676,7 +674,6 @@ __all__ = [
     "point_example",
     "point_prompt",
     "prepare_find_field",
-    "prepare_for_find",
     "r_squared",
     "read_truth",
     "renumber",

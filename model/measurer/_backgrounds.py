@@ -268,17 +268,21 @@ def _role(role: str) -> str:
     return "lesion" if role == "lesion" else "organ"
 
 
+def _cases(path: Path) -> list[dict[str, Any]]:
+    """The ``cases`` of a shared data manifest (none where the file is absent)."""
+    if not path.is_file():
+        return []
+    try:
+        cases: list[dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))["cases"]
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigurationError(f"{path}: not a readable {path.name} ({error})") from error
+    return cases
+
+
 def _real_ct(root: Path) -> tuple[list[BackgroundRef], list[tuple[str, str]]]:
     usable: list[BackgroundRef] = []
     excluded: list[tuple[str, str]] = []
-    path = root / "real-ct" / "cases.json"
-    if not path.is_file():
-        return usable, excluded
-    try:
-        cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigurationError(f"{path}: not a readable cases.json ({error})") from error
-    for case in cases:
+    for case in _cases(root / "real-ct" / "cases.json"):
         case_id = str(case["id"])
         licence = str(case.get("source", {}).get("licence", "unknown"))
         folder = root / "real-ct" / str(case.get("truth_dir") or case["input"].split("/")[0])
@@ -349,14 +353,7 @@ def _header_reason(header: dict[str, Any]) -> str | None:
 def _real_dicom(root: Path) -> tuple[list[BackgroundRef], list[tuple[str, str]]]:
     usable: list[BackgroundRef] = []
     excluded: list[tuple[str, str]] = []
-    path = root / "real-dicom" / "ingestion.json"
-    if not path.is_file():
-        return usable, excluded
-    try:
-        cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigurationError(f"{path}: not a readable ingestion.json ({error})") from error
-    for case in cases:
+    for case in _cases(root / "real-dicom" / "ingestion.json"):
         case_id = str(case["id"])
         licence = str(case.get("source", {}).get("licence", "unknown"))
         if case.get("modality") != "CT":

@@ -55,7 +55,6 @@ __all__ = [
     "plane_images",
     "plane_labels",
     "prepare_find_field",
-    "prepare_for_find",
 ]
 
 VISIBLE_FRACTION = 0.6
@@ -113,13 +112,6 @@ class FindExample:
     answer: str | None
 
 
-def prepare_for_find(volume: Volume, inputs: FindInputs) -> PreparedVolume:
-    """The volume prepared for find prompts (MONAI; canonical axial, ``pixel_mm``, two windows)."""
-    from ingestion.prepare import prepare_volume
-
-    return prepare_volume(volume, inputs.prepare_config())
-
-
 def field_extent_mm(volume: Volume) -> float:
     """The larger in-plane (x, y) extent of the volume's reconstructed field in mm (from the
     LPS corners of its voxels, one pixel included: exact for any orientation)."""
@@ -163,7 +155,7 @@ def plane_images(prepared: PreparedVolume, inputs: FindInputs) -> torch.Tensor:
     if prepared.image.shape[0] != 2:
         raise ValueError(
             f"a find volume has 2 windows (soft, wide), got {prepared.image.shape[0]}; "
-            "prepare it with prepare_for_find"
+            "prepare it with prepare_find_field"
         )
     return find_frames(prepared.image.transpose(0, 1), inputs)
 

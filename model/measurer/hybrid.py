@@ -307,7 +307,8 @@ class HybridSource:
         self._loaded: OrderedDict[str, Background] = OrderedDict()
         self._given = {b.ref.id: b for b in backgrounds if isinstance(b, Background)}
 
-    def _background(self, ref: BackgroundRef) -> Background:
+    def background(self, ref: BackgroundRef) -> Background:
+        """``ref`` loaded, through this source's cache (loaded once however often asked)."""
         if ref.id in self._given:
             return self._given[ref.id]
         if ref.id in self._loaded:
@@ -346,7 +347,7 @@ class HybridSource:
         """
         rng = np.random.default_rng([self.seed, self.stream, index])
         ref = self.training[int(rng.choice(len(self.training), p=self._p))]
-        background = self._background(ref)
+        background = self.background(ref)
         image = background.volume.voxels
         labels = background.labels
         geometry = background.volume.geometry

@@ -431,14 +431,12 @@ def recentre(model: StageModel, state: StudyState) -> StudyState:
 
 
 def merge(model: StageModel, state: StudyState) -> StudyState:
-    """Candidates of one kind split along z become one (``grouping.merge_duplicates``)."""
-    by_found = {id(c.found): c for c in state.candidates}
+    """Candidates of one kind split along z become one (``grouping.merge_duplicates``). It
+    runs before ``measure``: candidates come out unmeasured."""
     merged = merge_duplicates(
         [c.found for c in state.candidates], state.plane_spacing_mm or 1.0, model.options.grouping
     )
-    return state.with_candidates(
-        [dataclasses.replace(by_found.get(id(g), Candidate(g)), found=g) for g in merged]
-    )
+    return state.with_candidates([Candidate(g) for g in merged])
 
 
 def measure(model: StageModel, state: StudyState) -> StudyState:

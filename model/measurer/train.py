@@ -548,7 +548,7 @@ def _part(source: StudySource) -> tuple[list[_Seen], list[DataSource], str | Non
 
     if isinstance(source, HybridSource):
         # each background as it is, and what its augmentations make of it (a sample)
-        seen = [_seen(ref.load().volume) for ref in source.training]
+        seen = [_seen(source.background(ref).volume) for ref in source.training]
         seen += [_seen(source.study(i).volume) for i in range(_HYBRID_SAMPLES)]
         parts = [
             DataSource(

@@ -18,7 +18,7 @@ from model.measurer.find import (
     find_planes,
     plane_images,
     plane_labels,
-    prepare_for_find,
+    prepare_find_field,
 )
 from model.measurer.grouping import (
     Detection,
@@ -44,7 +44,7 @@ def phantom() -> Phantom:
 
 @pytest.fixture(scope="module")
 def prepared(phantom: Phantom):  # type: ignore[no-untyped-def]
-    return prepare_for_find(phantom_volume(phantom), INPUTS)
+    return prepare_find_field(phantom_volume(phantom), INPUTS)
 
 
 def test_images_have_a_content_and_a_coordinate_frame(prepared) -> None:  # type: ignore[no-untyped-def]
