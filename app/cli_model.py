@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -28,6 +28,9 @@ from app.console import (
 )
 from app.progress import progress_display
 
+if TYPE_CHECKING:
+    from model.measurer.stages import TraceEvent
+
 __all__ = [
     "RESULTS_BEGIN",
     "RESULTS_END",
@@ -43,7 +46,9 @@ logger = logging.getLogger(__name__)
 _settings = settings_of
 
 
-def load_measurer(model_dir: Path | None) -> Any:
+def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
+    """The checkpoint at ``model_dir`` (the demo model without one), or exit 2 saying why;
+    ``calibrated=False`` leaves its ``calibrate`` stage out (raw values, nothing refused)."""
     from ingestion.errors import ModelError
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.pipeline import CheckpointMeasurer
@@ -56,10 +61,13 @@ def load_measurer(model_dir: Path | None) -> Any:
         )
         raise typer.Exit(EXIT_NOTHING)
     try:
-        return CheckpointMeasurer.load(directory)
+        measurer = CheckpointMeasurer.load(directory)
     except ModelError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
+    if not calibrated:
+        measurer.stages = tuple(s for s in measurer.stages if s.name != "calibrate")
+    return measurer
 
 
 def measure(
@@ -304,18 +312,31 @@ def calibrate(
             "studies the model was not trained on).",
         ),
     ] = None,
+    decode_quantile: Annotated[
+        float,
+        typer.Option(
+            "--decode-quantile",
+            min=0.001,
+            max=0.2,
+            help="Refuse ('not measurable') a value whose numeric decode is weaker than all "
+            "but this fraction of the decodes on the calibration studies.",
+        ),
+    ] = 0.01,
 ) -> None:
     """Fit the calibrated ranges of a checkpoint on held-out studies (split conformal):
     phantoms by default, or a dataset.
 
     Measures N held-out studies, fits per measurement name the interval that covers the truth
     with the nominal probability (absolute or size-adaptive, whichever is narrower), stores it in
-    MODEL_DIR/radcaliper.json with the MAE it rests on, and reports the empirical coverage.
+    MODEL_DIR/radcaliper.json with the MAE it rests on, and reports the empirical coverage. The
+    same studies fit the weakest numeric decode the checkpoint reports as a number (the
+    --decode-quantile of the reported values' decode confidences); a weaker one is "not
+    measurable" with the reason.
     """
     import dataclasses
 
     from ingestion.errors import RadcaliperError
-    from model.measurer.calibration import fit_calibration
+    from model.measurer.calibration import fit_calibration, fit_decode_check
     from model.measurer.checkpoint import write_settings
     from model.measurer.evaluate import calibration_pairs, evaluate
     from model.measurer.pool import DatasetSource, FolderSource, PhantomSource, StudySource
@@ -329,7 +350,17 @@ def calibrate(
             "[yellow]note[/yellow] seed 0 is the default training seed; calibrate on "
             "studies the model never saw"
         )
-    measurer = load_measurer(model_dir)
+    measurer = load_measurer(model_dir, calibrated=False)  # raw values, nothing refused
+    last_stage = measurer.stages[-1].name if measurer.stages else None
+    confidences: list[float | None] = []
+
+    def reported(event: TraceEvent) -> None:
+        if event.stage == last_stage:
+            confidences.extend(
+                c.outcome.confidence for c in event.state.candidates if c.outcome is not None
+            )
+
+    measurer.subscribe(reported)
     try:
         if dataset is not None:
             data_source = DatasetSource(dataset)
@@ -364,7 +395,10 @@ def calibrate(
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_NOTHING) from exc
-    settings = dataclasses.replace(measurer.loaded.settings, calibration=calibration)
+    decode_check = fit_decode_check(confidences, decode_quantile)
+    settings = dataclasses.replace(
+        measurer.loaded.settings, calibration=calibration, decode_check=decode_check
+    )
     write_settings(model_dir, settings)
     table = Table(title=f"Calibration of {model_dir} on {count} studies")
     for column in ("measurement", "n", "MAE mm", "rule", "empirical coverage", "mean width mm"):
@@ -379,6 +413,18 @@ def calibrate(
             f"{rule.mean_width_mm:.2f}",
         )
     out.print(table)
+    if decode_check is None:
+        known = sum(c is not None for c in confidences)
+        out.print(
+            f"No decode check: {known} reported values with a decode confidence are too few for "
+            f"--decode-quantile {decode_quantile:g}; calibrate on more studies"
+        )
+    else:
+        out.print(
+            f"Decode check: a value whose decode confidence is below "
+            f"{decode_check.min_confidence:.3f} (the weakest {decode_quantile:.1%} of "
+            f"{decode_check.n} reported values) is reported as not measurable"
+        )
 
 
 def _restricted_licences(described: Mapping[str, Any]) -> list[str]:

@@ -14,6 +14,15 @@ The adaptive score is used for a name when its mean width on the held-out set is
 absolute one's (both have the same coverage guarantee); otherwise absolute. Lower bounds are
 clipped at 0 mm. With too few pairs for the requested coverage (``k > n``) there is no finite
 interval and fitting raises. The MAE the ranges rest on is stored with them ("MAE-calibrated").
+
+The same held-out studies fit the checkpoint's ``DecodeCheck``: the weakest numeric decode it
+stands behind. Each measure answer carries the decode confidence of its weakest number
+(``NumericHead.confidence``: for RNED the peak correlation of the hidden state with its value's
+codeword). With the ``n`` confidences of the answers on the calibration studies, a new answer's
+conformal p-value is ``(1 + #{c_i <= c}) / (n + 1)``; it is rejected ("not measurable") when that
+is at most ``quantile``, i.e. when ``c < c_(k)``, ``k = floor(quantile (n + 1))``. Under
+exchangeability a validated-like answer is wrongly rejected with probability <= ``quantile``;
+an answer weaker than nearly every validated one is outside what was validated.
 """
 
 from __future__ import annotations
@@ -26,13 +35,17 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_COVERAGE",
+    "DEFAULT_DECODE_QUANTILE",
     "Calibration",
+    "DecodeCheck",
     "IntervalRule",
     "ScoreKind",
     "fit_calibration",
+    "fit_decode_check",
 ]
 
 DEFAULT_COVERAGE = 0.90
+DEFAULT_DECODE_QUANTILE = 0.01
 _FLOOR_MM = 1.0  # adaptive score: sizes below this count as this (no division by ~0)
 
 
@@ -156,3 +169,50 @@ def _fit(
         candidates.append(IntervalRule(kind, q, floor_mm, coverage, n, mae, inside / n, width))
     absolute, adaptive = candidates
     return adaptive if adaptive.mean_width_mm < absolute.mean_width_mm else absolute
+
+
+@dataclass(frozen=True)
+class DecodeCheck:
+    """The weakest numeric decode a checkpoint reports as a number (module doc)."""
+
+    min_confidence: float  # answers whose weakest number decodes below this: not measurable
+    quantile: float  # the conformal level it was fitted at
+    n: int  # calibration answers it was fitted on
+
+    def accepts(self, confidence: float | None) -> bool:
+        """Whether an answer with this weakest decode confidence may be reported; an answer
+        without numbers or from a head with no confidence measure (None, NaN) is not judged."""
+        return confidence is None or math.isnan(confidence) or confidence >= self.min_confidence
+
+    def reason(self, confidence: float) -> str:
+        """Why an answer was refused, for the "not measurable" measurement."""
+        return (
+            f"low-confidence numeric decode: peak correlation {confidence:.3f} is below "
+            f"{self.min_confidence:.3f}, weaker than all but {self.quantile:.0%} of the "
+            f"{self.n} decodes on the checkpoint's calibration studies"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_confidence": self.min_confidence, "quantile": self.quantile, "n": self.n}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DecodeCheck:
+        return cls(float(data["min_confidence"]), float(data["quantile"]), int(data["n"]))
+
+
+def fit_decode_check(
+    confidences: Iterable[float | None], quantile: float = DEFAULT_DECODE_QUANTILE
+) -> DecodeCheck | None:
+    """The ``DecodeCheck`` of held-out answers' weakest decode confidences (module doc).
+
+    None and NaN entries (no numbers, no confidence measure) are left out. Returns None when
+    fewer than ``1 / quantile - 1`` confidences remain: too few to reject anything at that
+    level. Raises ValueError for a quantile outside (0, 0.5).
+    """
+    if not 0 < quantile < 0.5:
+        raise ValueError(f"quantile must be in (0, 0.5), got {quantile}")
+    values = sorted(c for c in confidences if c is not None and not math.isnan(c))
+    k = math.floor(quantile * (len(values) + 1))
+    if k < 1:
+        return None
+    return DecodeCheck(values[k - 1], quantile, len(values))

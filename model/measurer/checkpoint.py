@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ingestion.errors import ModelError
-from model.measurer.calibration import Calibration
+from model.measurer.calibration import Calibration, DecodeCheck
 from model.measurer.data import MeasureInputs
 from model.measurer.domain import Domain
 from model.measurer.find import FindInputs
@@ -86,6 +86,7 @@ class MeasurerSettings:
     find_voting: FindVoting = field(default_factory=FindVoting)  # shifted find passes (voting)
     head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
     calibration: Calibration | None = None
+    decode_check: DecodeCheck | None = None  # the weakest decode reported as a number
     not_for_clinical_use: bool = True
     training: Mapping[str, Any] = field(default_factory=dict)  # command, seed, data: provenance
     # what it was trained and validated on; a radcaliper.json without one: Domain.legacy()
@@ -109,6 +110,7 @@ class MeasurerSettings:
             "find_voting": self.find_voting.to_json(),
             "head": dict(self.head),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
+            "decode_check": None if self.decode_check is None else self.decode_check.to_json(),
             "not_for_clinical_use": self.not_for_clinical_use,
             "training": dict(self.training),
             "domain": self.domain.to_json(),
@@ -129,6 +131,7 @@ class MeasurerSettings:
             if key in find:
                 find[key] = tuple(find[key])
         calibration = data.get("calibration")
+        decode_check = data.get("decode_check")
         domain = data.get("domain")
         return cls(
             name=str(data["name"]),
@@ -141,6 +144,7 @@ class MeasurerSettings:
             find_voting=FindVoting.from_json(data.get("find_voting", FindVoting().to_json())),
             head=dict(data.get("head", {})),
             calibration=None if calibration is None else Calibration.from_json(calibration),
+            decode_check=None if decode_check is None else DecodeCheck.from_json(decode_check),
             not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),
             training=dict(data.get("training", {})),
             domain=Domain.legacy() if domain is None else Domain.from_json(domain),

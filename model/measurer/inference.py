@@ -4,12 +4,16 @@ For each finding the model generates its answer (greedy, KV cache, [NUM] values 
 ``NumericLM``); the answer is parsed with the task language's strict parser. A well-formed
 answer becomes ``Measurement`` objects with the calibrated ranges of the checkpoint; a malformed
 one (wrong count of numbers, unknown words, values out of range) becomes "not measurable" with
-the parser's reason and is counted, never patched.
+the parser's reason and is counted, never patched. Every answer keeps the decode confidence of
+its weakest number; the checkpoint's ``DecodeCheck`` (``model.measurer.calibration``) turns a
+weak one into "not measurable" in the ``calibrate`` stage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,10 +28,17 @@ from model.measurer.tokenizer import special_ids
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from model.measurer.calibration import Calibration
+    from model.measurer.calibration import Calibration, DecodeCheck
     from model.numeric.hf import NumericLM
 
-__all__ = ["MeasureOutcome", "generate_texts", "measure_findings", "outcome_for"]
+__all__ = [
+    "Answer",
+    "MeasureOutcome",
+    "calibrated",
+    "generate_answers",
+    "measure_findings",
+    "outcome_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +52,32 @@ class MeasureOutcome:
     measurements: tuple[Measurement, ...]
     answer: str  # the generated text with the numbers written out
     parsed: bool  # False: the answer was malformed and every measurement is "not measurable"
+    confidence: float | None = None  # weakest number's decode confidence; None: not known
 
 
-def generate_texts(
+@dataclass(frozen=True)
+class Answer:
+    """One generated answer: its text with the decoded numbers written out, and the decode
+    confidence of its weakest number (None: no numbers, or a head without such a measure)."""
+
+    text: str
+    confidence: float | None = None
+
+
+def _weakest(confidences: list[float]) -> float | None:
+    known = [c for c in confidences if not math.isnan(c)]
+    return min(known) if known else None
+
+
+def generate_answers(
     lm: NumericLM,
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Prompted],
     *,
     max_new_tokens: int,
     device: torch.device | str = "cpu",
-) -> list[str]:
-    """Greedy answers of ``examples`` (one batch, their ``answer`` ignored) as plain text with
-    the decoded numbers written out."""
+) -> list[Answer]:
+    """Greedy answers of ``examples`` (one batch, their ``answer`` ignored)."""
     ids = special_ids(tokenizer)
     numeric = lm.numeric_head is not None
     prompts = [encode_example(_without_answer(e), tokenizer, numeric=numeric) for e in examples]
@@ -69,12 +94,16 @@ def generate_texts(
             pixel_values=batch.pixel_values.to(device, dtype),
             image_grid_thw=batch.image_grid_thw.to(device),
         )
-    texts = []
+    answers = []
     for row in range(len(examples)):
         tokens = generated.new_tokens[row].tolist()
         text = str(tokenizer.decode(tokens, skip_special_tokens=True)).strip()
-        texts.append(with_values(text, generated.values[row].tolist()) if numeric else text)
-    return texts
+        if not numeric:
+            answers.append(Answer(text))
+            continue
+        text = with_values(text, generated.values[row].tolist())
+        answers.append(Answer(text, _weakest(generated.confidences[row].tolist())))
+    return answers
 
 
 @dataclass(frozen=True)
@@ -101,12 +130,14 @@ def measure_findings(
     outcomes: list[MeasureOutcome] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        texts = generate_texts(
+        answers = generate_answers(
             lm, tokenizer, chunk, max_new_tokens=MAX_ANSWER_TOKENS, device=device
         )
-        for example, text in zip(chunk, texts, strict=True):
-            parsed = parse_measure(text, example.kind)
-            outcomes.append(outcome_for(example.kind, text, calibration, parsed))
+        for example, answer in zip(chunk, answers, strict=True):
+            parsed = parse_measure(answer.text, example.kind)
+            outcomes.append(
+                outcome_for(example.kind, answer.text, calibration, parsed, answer.confidence)
+            )
     failed = sum(not o.parsed for o in outcomes)
     if failed:
         logger.warning(
@@ -120,14 +151,16 @@ def outcome_for(
     text: str,
     calibration: Calibration | None,
     parsed: ParsedMeasure,
+    confidence: float | None = None,
 ) -> MeasureOutcome:
     """Measurements of a parsed answer for a finding of ``kind``: the values with their
-    calibrated ranges, or all "not measurable" with the parser's reason."""
+    calibrated ranges, or all "not measurable" with the parser's reason; ``confidence`` (the
+    answer's weakest decode) is kept on the outcome."""
     names = MEASUREMENTS_OF[kind]
     if not parsed.success:
         reason = f"malformed model answer {text!r}: {parsed.reason}"
         return MeasureOutcome(
-            tuple(Measurement.not_measurable(n, reason) for n in names), text, False
+            tuple(Measurement.not_measurable(n, reason) for n in names), text, False, confidence
         )
     values = sorted(parsed.values, reverse=True)  # lesion: (long, short); vessel: (diameter,)
     out = []
@@ -135,4 +168,28 @@ def outcome_for(
         interval = None if calibration is None else calibration.interval(name, value)
         coverage = None if calibration is None or interval is None else calibration.coverage(name)
         out.append(Measurement(name, value, interval, coverage))
-    return MeasureOutcome(tuple(out), text, True)
+    return MeasureOutcome(tuple(out), text, True, confidence)
+
+
+def calibrated(
+    outcome: MeasureOutcome, calibration: Calibration | None, check: DecodeCheck | None
+) -> MeasureOutcome:
+    """A checkpoint's calibration applied to ``outcome``: where its weakest number decoded
+    below ``check`` every value becomes "not measurable" with the check's reason; the other
+    values get their calibrated ranges (none without a calibration)."""
+    if outcome.parsed and check is not None and not check.accepts(outcome.confidence):
+        assert outcome.confidence is not None  # accepts() passes None
+        reason = check.reason(outcome.confidence)
+        refused = tuple(Measurement.not_measurable(m.name, reason) for m in outcome.measurements)
+        return dataclasses.replace(outcome, measurements=refused)
+    if calibration is None:
+        return outcome
+    out = []
+    for m in outcome.measurements:
+        if m.value_mm is None:
+            out.append(m)
+            continue
+        interval = calibration.interval(m.name, m.value_mm)
+        coverage = None if interval is None else calibration.coverage(m.name)
+        out.append(Measurement(m.name, m.value_mm, interval, coverage))
+    return dataclasses.replace(outcome, measurements=tuple(out))

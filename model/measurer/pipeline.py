@@ -33,7 +33,7 @@ from model.measurer.checkpoint import (
 )
 from model.measurer.data import Prompted, point_example
 from model.measurer.domain import check as check_domain
-from model.measurer.inference import generate_texts, outcome_for
+from model.measurer.inference import Answer, calibrated, generate_answers, outcome_for
 from model.measurer.results import (
     MEASUREMENTS_OF,
     Measurement,
@@ -138,10 +138,11 @@ class CheckpointMeasurer:
         """Prompts :meth:`generate` has answered since the measurer was made."""
         return self._answered
 
-    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[str]:
-        """Greedy answers of one batch of examples, numbers written out (``StageModel``)."""
+    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[Answer]:
+        """Greedy answers of one batch of examples, numbers written out, with their weakest
+        decode confidence (``StageModel``)."""
         self._answered += len(examples)
-        return generate_texts(
+        return generate_answers(
             self.lm,
             self.loaded.tokenizer,
             examples,
@@ -227,7 +228,8 @@ class CheckpointMeasurer:
             raise ValueError(f"point_lps_mm must be three finite numbers, got {point_lps_mm!r}")
         inputs = self.loaded.settings.measure_inputs
         example = point_example(volume, point, inputs)
-        text = self.generate([example], MAX_POINT_TOKENS)[0]
+        answer = self.generate([example], MAX_POINT_TOKENS)[0]
+        text = answer.text
         parsed = parse_point(text)
         if parsed.success and parsed.kind is None:
             return None
@@ -246,9 +248,12 @@ class CheckpointMeasurer:
         else:
             assert parsed.kind is not None
             kind = parsed.kind
-            calibration = self.loaded.settings.calibration
+            settings = self.loaded.settings
             as_measure = ParsedMeasure(parsed.values, True)
-            measurements = outcome_for(kind, text, calibration, as_measure).measurements
+            outcome = outcome_for(kind, text, None, as_measure, answer.confidence)
+            measurements = calibrated(
+                outcome, settings.calibration, settings.decode_check
+            ).measurements
         center = (point[0], point[1], point[2])
         return StudyFinding(1, kind, center, _source_slice(volume, center), measurements)
 

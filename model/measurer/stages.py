@@ -33,8 +33,9 @@ The stages, in their default order:
     One report per object (``model.measurer.dedupe``): stated on the model's own reports, not
     on HU levels.
 ``calibrate``
-    The checkpoint's calibrated ranges around every value (none, with a warning, for a
-    checkpoint never calibrated).
+    A value whose weakest number decoded below the checkpoint's ``DecodeCheck`` (fitted by
+    ``radcaliper calibrate``) becomes "not measurable" with the reason; the others get the
+    checkpoint's calibrated ranges (none, with a warning, for a checkpoint never calibrated).
 
 No stage reads HU thresholds: what a region is, is the model's answer.
 """
@@ -68,16 +69,21 @@ from model.measurer.grouping import (
     merge_duplicates,
     plane_detections,
 )
-from model.measurer.inference import MAX_ANSWER_TOKENS, MeasureOutcome, outcome_for
+from model.measurer.inference import (
+    MAX_ANSWER_TOKENS,
+    Answer,
+    MeasureOutcome,
+    calibrated,
+    outcome_for,
+)
 from model.measurer.planes import best_plane, search_points
-from model.measurer.results import Measurement, Segment3
+from model.measurer.results import Segment3
 from model.measurer.tasks import FoundFinding, find_prompt, parse_find, parse_measure, parse_point
 from model.measurer.tiles import FIELD_EDGE_MM, merge_tiles, offset_findings, tile_starts
 from model.measurer.voting import FindVoting, shift_planes, unshift_findings, vote_boxes
 
 if TYPE_CHECKING:
     from ingestion.volume import Volume
-    from model.measurer.calibration import Calibration
     from model.measurer.checkpoint import MeasurerSettings
 
 __all__ = [
@@ -214,8 +220,9 @@ class StageModel(Protocol):
         """How many prompts :meth:`generate` has answered so far (for the trace)."""
         ...
 
-    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[str]:
-        """Greedy answers of one batch of examples, numbers written out."""
+    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[Answer]:
+        """Greedy answers of one batch of examples, numbers written out, each with the decode
+        confidence of its weakest number."""
         ...
 
 
@@ -266,11 +273,17 @@ def run_stages(
 
 def _batched(
     model: StageModel, examples: Sequence[Prompted], max_new_tokens: int, batch: int
-) -> list[str]:
-    texts: list[str] = []
+) -> list[Answer]:
+    answers: list[Answer] = []
     for start in range(0, len(examples), batch):
-        texts += model.generate(examples[start : start + batch], max_new_tokens)
-    return texts
+        answers += model.generate(examples[start : start + batch], max_new_tokens)
+    return answers
+
+
+def _batched_texts(
+    model: StageModel, examples: Sequence[Prompted], max_new_tokens: int, batch: int
+) -> list[str]:
+    return [a.text for a in _batched(model, examples, max_new_tokens, batch)]
 
 
 def _find_answers(
@@ -283,7 +296,7 @@ def _find_answers(
     examples = [FindExample(image, prompt, None) for image in find_frames(windows, inputs)]
     answers: list[list[FoundFinding]] = []
     malformed = 0
-    for text in _batched(model, examples, limit, model.options.find_batch):
+    for text in _batched_texts(model, examples, limit, model.options.find_batch):
         parsed = parse_find(text, num_images=1)
         if not parsed.success:
             malformed += 1
@@ -344,7 +357,7 @@ def find(model: StageModel, state: StudyState) -> StudyState:
 def _point_texts(model: StageModel, volume: Volume, candidates: Sequence[Candidate]) -> list[str]:
     inputs = model.settings.measure_inputs
     examples = [point_example(volume, c.found.center_lps_mm, inputs) for c in candidates]
-    return _batched(model, examples, MAX_POINT_TOKENS, model.options.measure_batch)
+    return _batched_texts(model, examples, MAX_POINT_TOKENS, model.options.measure_batch)
 
 
 def verify(model: StageModel, state: StudyState) -> StudyState:
@@ -394,7 +407,7 @@ def _draw_axes(
     ]
     present = [e for e in examples if e is not None]
     assert len(present) == len(examples)  # without truth an axes example is always made
-    texts = _batched(model, present, MAX_AXES_TOKENS, model.options.measure_batch)
+    texts = _batched_texts(model, present, MAX_AXES_TOKENS, model.options.measure_batch)
     out: list[tuple[Segment3, ...] | None] = []
     malformed = 0
     for example, text in zip(present, texts, strict=True):
@@ -458,10 +471,10 @@ def measure(model: StageModel, state: StudyState) -> StudyState:
         for c, candidates in zip(state.candidates, points, strict=True)
         for point in candidates
     ]
-    texts = _batched(model, examples, MAX_ANSWER_TOKENS, model.options.measure_batch)
+    generated = _batched(model, examples, MAX_ANSWER_TOKENS, model.options.measure_batch)
     answers = [
-        outcome_for(e.kind, text, None, parse_measure(text, e.kind))
-        for e, text in zip(examples, texts, strict=True)
+        outcome_for(e.kind, a.text, None, parse_measure(a.text, e.kind), a.confidence)
+        for e, a in zip(examples, generated, strict=True)
     ]
     failed = sum(not o.parsed for o in answers)
     out, start = [], 0
@@ -499,31 +512,27 @@ def dedupe(model: StageModel, state: StudyState) -> StudyState:
     return state.with_candidates([state.candidates[i] for i in keep])
 
 
-def _with_ranges(outcome: MeasureOutcome, calibration: Calibration) -> MeasureOutcome:
-    out = []
-    for m in outcome.measurements:
-        if m.value_mm is None:
-            out.append(m)
-            continue
-        interval = calibration.interval(m.name, m.value_mm)
-        coverage = None if interval is None else calibration.coverage(m.name)
-        out.append(Measurement(m.name, m.value_mm, interval, coverage))
-    return dataclasses.replace(outcome, measurements=tuple(out))
-
-
 def calibrate(model: StageModel, state: StudyState) -> StudyState:
-    """The checkpoint's calibrated ranges around every value."""
-    calibration = model.settings.calibration
-    if calibration is None:
+    """What the checkpoint's calibration knows (``inference.calibrated``): a value whose
+    decode is weaker than its ``DecodeCheck`` becomes "not measurable" with the reason, the
+    rest get calibrated ranges."""
+    calibration, check = model.settings.calibration, model.settings.decode_check
+    if calibration is None and check is None:
         return state
-    return state.with_candidates(
-        [
-            c
-            if c.outcome is None
-            else dataclasses.replace(c, outcome=_with_ranges(c.outcome, calibration))
-            for c in state.candidates
-        ]
-    )
+    out, weak = [], 0
+    for candidate in state.candidates:
+        outcome = candidate.outcome
+        if outcome is not None:
+            weak += outcome.parsed and check is not None and not check.accepts(outcome.confidence)
+            outcome = calibrated(outcome, calibration, check)
+        out.append(dataclasses.replace(candidate, outcome=outcome))
+    warnings: tuple[str, ...] = ()
+    if weak:
+        warnings = (
+            f"{weak} of {len(out)} findings' numbers decoded with low confidence (not measurable)",
+        )
+        logger.warning("%s", warnings[0])
+    return state.with_candidates(out, *warnings)
 
 
 FIND = InferenceStage("find", find)

@@ -792,6 +792,25 @@ class RotaryNumberCodec(nn.Module):
             index = self._rnd_index(h) if method == "rnd" else self._corr_index(h)  # (N,)
             return self._t.candidates[index]
 
+    def confidence(self, hidden: torch.Tensor, values: Values) -> torch.Tensor:
+        """(N, D) hidden states, (N,) their decoded values -> (N,) float64 peak correlation.
+
+        The cosine between ``h`` and the codeword of its value, ``<h, R(m Omega) x_base> /
+        (|h| |x_base|)``: the correlation decoder's peak, scale-free. 1 where ``h`` is a
+        codeword; a hidden state that lies between codewords (a number the model is unsure of)
+        or off the codebook altogether (nothing like a number) scores low. A zero ``h`` scores 0.
+        """
+        with torch.no_grad():
+            h = self._hidden(hidden)  # (N, D) float64
+            m = self.as_values(values)  # (N,)
+            if m.shape[0] != h.shape[0]:
+                raise ValueError(f"{h.shape[0]} hidden states but {m.shape[0]} values")
+            t = self._t
+            codewords = rotate_blocks(t.x64, m[:, None] * t.omega)  # (N, D), norm |x_base|
+            norms = h.norm(dim=-1) * t.x64.norm()  # (N,)
+            peak = (h * codewords).sum(dim=-1)  # (N,)
+            return torch.where(norms > 0, peak / norms.clamp_min(1e-300), torch.zeros_like(peak))
+
     def _host_decode(self, hidden: torch.Tensor, method: DecodeMethod) -> torch.Tensor | None:
         """The NumPy path of ``decode`` for (N, D) CPU hidden states, N <= SMALL_BATCH.
 

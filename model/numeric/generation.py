@@ -5,6 +5,8 @@ features) and keeps the KV cache; then each step feeds one embedding per row:
 
 - a row whose chosen token is [NUM] has its value decoded from the hidden state that produced
   those logits (the lm_head input of the previous step) and feeds ``numeric_head.embed(value)``;
+  the value is kept with its decode confidence (``NumericHead.confidence``; NaN where the
+  head has none);
 - other rows feed their token's embedding; rows that already emitted EOS feed ``pad_id`` with
   attention mask 0, so they no longer influence anything and their later tokens are padding.
 
@@ -40,6 +42,7 @@ class NumericGeneration:
     sequences: torch.Tensor  # (B, P + T) prompt then generated ids; pad after a row's EOS
     attention_mask: torch.Tensor  # (B, P + T) 1 on real tokens (the EOS included), else 0
     values: list[torch.Tensor]  # B x (K_b,) float64 values of the row's generated [NUM]s
+    confidences: list[torch.Tensor]  # B x (K_b,) float64 their decode confidence; NaN: none
     num_values: torch.Tensor  # (N,) float64 every [NUM] value of `sequences`, row-major
     logits: torch.Tensor | None  # (B, T, V) float32 raw model logits per step, if asked
     prompt_length: int  # P
@@ -124,6 +127,7 @@ def generate_numeric(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     num_rows: list[list[int]] = []  # per [NUM] step: the n rows that emitted [NUM]
     num_decoded: list[torch.Tensor] = []  # per [NUM] step: (n,) float64 their values
+    num_confidence: list[torch.Tensor] = []  # per [NUM] step: (n,) float64 (NaN: no measure)
     embed_dtype = lm.token_embeddings(input_ids[:1, -1:]).dtype  # what the next step feeds
     all_logits: list[torch.Tensor] = []
     for step in range(max_new_tokens):
@@ -151,6 +155,9 @@ def generate_numeric(
             if num_hidden.dtype != torch.float32:
                 num_hidden = num_hidden.float()
             decoded = head.decode(num_hidden)  # (n,) float64
+            confidence = head.confidence(num_hidden, decoded)  # (n,) or None
+            if confidence is None:
+                confidence = torch.full_like(decoded, float("nan"))
             value_embeds = head.embed(decoded)  # (n, D)
             if value_embeds.dtype != embed_dtype:
                 value_embeds = value_embeds.to(embed_dtype)
@@ -161,6 +168,7 @@ def generate_numeric(
                 next_embeds[index, 0] = value_embeds
             num_rows.append(rows)
             num_decoded.append(decoded)
+            num_confidence.append(confidence.double())
 
         sequences = torch.cat([sequences, next_ids[:, None]], dim=1)  # (B, P + step + 1)
         mask = torch.cat([mask, (~finished).long()[:, None]], dim=1)
@@ -176,12 +184,14 @@ def generate_numeric(
         step_hidden = hidden[:, -1]
 
     row_values = _group_by_row(num_rows, num_decoded, batch, device)
+    row_confidences = _group_by_row(num_rows, num_confidence, batch, device)
     prompt_values = _split_rows(input_ids, num_id, num_values)
     flat = [torch.cat([p, g]) for p, g in zip(prompt_values, row_values, strict=True)]
     return NumericGeneration(
         sequences=sequences,
         attention_mask=mask,
         values=row_values,
+        confidences=row_confidences,
         num_values=torch.cat(flat),
         logits=torch.stack(all_logits, dim=1) if output_logits else None,
         prompt_length=prompt_length,

@@ -35,3 +35,8 @@ class NumericHead(Protocol):
     def decode(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states -> (N,) float64 values (on the head's grid where it has one)."""
         ...
+
+    def confidence(self, hidden: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+        """(N, D) hidden states, (N,) their decoded values -> (N,) float64 decode confidence
+        in [-1, 1] (higher: surer), or None where the head has no such measure."""
+        ...

@@ -86,5 +86,10 @@ class RnedHead(nn.Module):
         """(N, D) hidden states -> (N,) float64 values on the codec's grid."""
         return self.codec.decode(hidden, self.method)
 
+    def confidence(self, hidden: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """(N,) float64 peak correlation of each hidden state with its value's codeword
+        (``RotaryNumberCodec.confidence``); the same measure for either decoder."""
+        return self.codec.confidence(hidden, values)
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, loss={self.loss_name!r}, loss_options={self.loss_options}"

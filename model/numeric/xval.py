@@ -108,6 +108,10 @@ class XValHead(nn.Module):
         """(N, D) hidden states -> (N,) float64 values, raw (see :meth:`in_range`)."""
         return self.denormalise(self.predict(hidden).detach())
 
+    def confidence(self, hidden: torch.Tensor, values: torch.Tensor) -> None:
+        """None: a regressed scalar carries no measure of how sure the model is."""
+        return None
+
 
 def _check_values(values: torch.Tensor) -> torch.Tensor:
     """(N,) finite values -> (N,) float64, or ValueError."""

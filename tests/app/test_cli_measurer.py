@@ -119,9 +119,15 @@ def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
     model.mkdir()
     for path in default_checkpoint().iterdir():
         (model / path.name).write_bytes(path.read_bytes())
-    result = runner.invoke(app, ["calibrate", str(model), "--n", "20", "--seed", "555"])
+    result = runner.invoke(
+        app, ["calibrate", str(model), "--n", "20", "--seed", "555", "--decode-quantile", "0.05"]
+    )
     assert result.exit_code == 0, result.output
-    calibration = json.loads((model / SETTINGS_NAME).read_text())["calibration"]
+    settings = json.loads((model / SETTINGS_NAME).read_text())
+    check = settings["decode_check"]  # the weakest decode it reports as a number
+    assert check["quantile"] == 0.05 and check["n"] >= 19 and -1 <= check["min_confidence"] < 1
+    assert f"below {check['min_confidence']:.3f}" in result.stdout
+    calibration = settings["calibration"]
     assert set(calibration) == {"long_axis", "short_axis", "diameter"}
     for rule in calibration.values():
         assert rule["coverage"] == 0.9 and rule["n"] >= 9 and rule["mae_mm"] >= 0

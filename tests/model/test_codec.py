@@ -305,6 +305,29 @@ def test_rnd_decodes_to_the_nearest_target_score(codec: RotaryNumberCodec) -> No
     ]
 
 
+def test_confidence_is_the_scale_free_peak_correlation(codec: RotaryNumberCodec) -> None:
+    """1 on a codeword at any scale; it falls as noise grows and for a state halfway between
+    two distant numbers; 0 for a zero state; checked against the codeword's cosine."""
+    values = torch.tensor([12.5, 480.0, 2200.0], dtype=torch.float64)
+    words = codec.encode(values).double()
+    exact = codec.confidence(words * 7.0, values)
+    assert torch.allclose(exact, torch.ones(3, dtype=torch.float64), atol=1e-6)
+    generator = torch.Generator().manual_seed(4)
+    by_snr = []
+    for snr in (20.0, 5.0, -5.0):
+        noisy = with_snr(words, snr, generator)
+        by_snr.append(float(codec.confidence(noisy, codec.decode(noisy, "corr")).mean()))
+    assert 1.0 > by_snr[0] > by_snr[1] > by_snr[2] > 0.0
+    both = codec.encode([40.0]).double() + codec.encode([900.0]).double()  # (1, D)
+    between = codec.confidence(both, codec.decode(both, "corr"))
+    assert 0.5 < float(between) < 0.9  # distant codewords are partly correlated
+    cosine = torch.nn.functional.cosine_similarity(both, codec.encode(codec.decode(both, "corr")))
+    assert float(between) == pytest.approx(float(cosine), abs=1e-6)
+    assert codec.confidence(torch.zeros(1, codec.dim), [5.0]).tolist() == [0.0]
+    with pytest.raises(ValueError, match="2 hidden states but 1 values"):
+        codec.confidence(words[:2], [5.0])
+
+
 # --- input checks --------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from ingestion.phantoms import generate_phantom
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
-from model.measurer.calibration import fit_calibration
+from model.measurer.calibration import DecodeCheck, fit_calibration
 from model.measurer.checkpoint import (
     SETTINGS_NAME,
     MeasurerSettings,
@@ -48,6 +48,7 @@ def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
         measure_inputs=INPUTS,
         head={} if head is None else options,
         calibration=fit_calibration(pairs),
+        decode_check=DecodeCheck(0.42, 0.01, 120),
         find_voting=FindVoting.half_token(votes=2),
         training={"seed": 0},
     )

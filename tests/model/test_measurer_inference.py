@@ -72,6 +72,10 @@ def test_generation_on_the_tiny_model(mode: NumericMode, caplog: pytest.LogCaptu
     assert len(outcomes) == len(examples)
     for outcome, ex in zip(outcomes, examples, strict=True):
         assert len(outcome.measurements) == (2 if ex.kind == FindingKind.LESION else 1)
+        if mode == NumericMode.STANDARD:
+            assert outcome.confidence is None  # digits: no decode confidence
+        elif outcome.parsed:  # [NUM] values: the weakest one's peak correlation
+            assert outcome.confidence is not None and -1.0 <= outcome.confidence <= 1.0
         if outcome.parsed:
             assert all(m.value_mm is not None for m in outcome.measurements)
         else:

@@ -8,7 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from model.measurer.calibration import Calibration, ScoreKind, fit_calibration
+from model.measurer.calibration import (
+    Calibration,
+    DecodeCheck,
+    ScoreKind,
+    fit_calibration,
+    fit_decode_check,
+)
 from model.measurer.results import (
     NOT_MEASURABLE,
     FindingKind,
@@ -140,3 +146,23 @@ def test_too_few_pairs_and_bad_input() -> None:
         fit_calibration([], 1.5)
     with pytest.raises(ValueError, match="non-finite"):
         fit_calibration([("diameter", math.nan, 1.0)])
+
+
+def test_the_decode_check_is_a_conformal_lower_bound() -> None:
+    """Fitted at level q on n confidences, the threshold is the floor(q (n + 1))-th smallest;
+    about q of a fresh sample of the same kind falls below it; a weaker answer is refused."""
+    rng = np.random.default_rng(5)
+    confidences = [float(c) for c in rng.beta(8, 2, 999)]
+    check = fit_decode_check([*confidences, None, math.nan], 0.02)
+    assert check is not None and check.n == 999 and check.quantile == 0.02
+    assert check.min_confidence == sorted(confidences)[19]  # floor(0.02 * 1000) = 20th
+    fresh = rng.beta(8, 2, 20000)
+    assert 0.015 <= float(np.mean(fresh < check.min_confidence)) <= 0.025
+    assert check.accepts(check.min_confidence) and not check.accepts(check.min_confidence - 1e-9)
+    assert check.accepts(None) and check.accepts(math.nan)  # no measure: not judged
+    assert "0.100 is below" in check.reason(0.1) and "999 decodes" in check.reason(0.1)
+    assert DecodeCheck.from_json(json.loads(json.dumps(check.to_json()))) == check
+    assert fit_decode_check(confidences[:98], 0.01) is None  # too few to refuse anything
+    assert fit_decode_check(confidences[:99], 0.01) == DecodeCheck(min(confidences[:99]), 0.01, 99)
+    with pytest.raises(ValueError, match="quantile"):
+        fit_decode_check(confidences, 0.5)

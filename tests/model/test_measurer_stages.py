@@ -17,12 +17,12 @@ import pytest
 
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
-from model.measurer.calibration import fit_calibration
+from model.measurer.calibration import DecodeCheck, fit_calibration
 from model.measurer.checkpoint import MeasurerSettings, NumericMode
 from model.measurer.dedupe import one_report_per_object
 from model.measurer.find import FindInputs
 from model.measurer.grouping import GroupedFinding
-from model.measurer.inference import MeasureOutcome
+from model.measurer.inference import Answer, MeasureOutcome
 from model.measurer.results import FindingKind, Measurement, MeasurementName
 from model.measurer.stages import (
     ALL_STAGES,
@@ -51,7 +51,7 @@ FIND_INPUTS = FindInputs(pixel_mm=1.0, size=56)
 class FixedAnswers:
     """A ``StageModel`` whose answers come from ``answer(prompt, index)``; records prompts."""
 
-    answer: Callable[[str, int], str]
+    answer: Callable[[str, int], str | Answer]
     settings: MeasurerSettings = field(
         default_factory=lambda: MeasurerSettings(
             "fixed",
@@ -70,11 +70,12 @@ class FixedAnswers:
     def prompts_answered(self) -> int:
         return len(self.prompts)
 
-    def generate(self, examples: Sequence[object], max_new_tokens: int) -> list[str]:
+    def generate(self, examples: Sequence[object], max_new_tokens: int) -> list[Answer]:
         out = []
         for example in examples:
             prompt = str(example.prompt)  # type: ignore[attr-defined]
-            out.append(self.answer(prompt, len(self.prompts)))
+            answer = self.answer(prompt, len(self.prompts))
+            out.append(answer if isinstance(answer, Answer) else Answer(answer))
             self.prompts.append(prompt)
         return out
 
@@ -271,6 +272,52 @@ def test_the_calibrate_stage_puts_ranges_around_values() -> None:
         assert m.value_mm is not None and m.range_mm == calibration.interval(m.name, m.value_mm)
         assert m.range_mm is not None
         assert m.range_mm[0] < m.value_mm < m.range_mm[1] and m.coverage == pytest.approx(0.9)
+
+
+def test_a_low_confidence_decode_is_not_measurable_with_the_reason_never_a_number() -> None:
+    """The measure stage keeps each answer's weakest decode confidence; the calibrate stage
+    refuses the values of an answer below the checkpoint's DecodeCheck and ranges the rest."""
+    candidates = (
+        Candidate(GroupedFinding(LESION, (20.0, 20.0, 4.0), (0, 1), 20.0)),
+        Candidate(GroupedFinding(LESION, (44.0, 44.0, 4.0), (0, 1), 20.0)),
+    )
+    model = FixedAnswers(lambda p, i: Answer("20 x 10 mm", 0.9 if i == 0 else 0.2))
+    model.options = dataclasses.replace(model.options, lesion_planes=0)
+    measured = measure(model, StudyState(_volume(), candidates, 8, 2.0))
+    assert len(model.prompts) == 2
+    assert [c.outcome.confidence for c in measured.candidates if c.outcome] == [0.9, 0.2]
+    rng = np.random.default_rng(3)
+    pairs = [
+        (str(name), float(v), float(v + e))
+        for name in MeasurementName
+        for v, e in zip(rng.uniform(5, 50, 30), rng.normal(0, 1, 30), strict=True)
+    ]
+    model.settings = dataclasses.replace(
+        model.settings,
+        calibration=fit_calibration(pairs, 0.9),
+        decode_check=DecodeCheck(min_confidence=0.5, quantile=0.01, n=400),
+    )
+    checked = calibrate(model, measured)
+    sure, weak = (c.outcome for c in checked.candidates)
+    assert sure is not None and weak is not None
+    assert [m.value_mm for m in sure.measurements] == [20.0, 10.0]
+    assert all(m.range_mm is not None for m in sure.measurements)
+    for m in weak.measurements:
+        assert m.value_mm is None and m.range_mm is None
+        assert m.reason is not None and "low-confidence numeric decode" in m.reason
+        assert "0.200 is below 0.500" in m.reason
+    assert checked.warnings[-1] == (
+        "1 of 2 findings' numbers decoded with low confidence (not measurable)"
+    )
+    # an answer whose head has no confidence measure (None) is not judged
+    unknown = [
+        dataclasses.replace(c, outcome=dataclasses.replace(c.outcome, confidence=None))
+        for c in measured.candidates
+        if c.outcome is not None
+    ]
+    for candidate in calibrate(model, StudyState(_volume(), tuple(unknown))).candidates:
+        assert candidate.outcome is not None
+        assert [m.value_mm for m in candidate.outcome.measurements] == [20.0, 10.0]
 
 
 def test_no_image_rule_adds_or_changes_a_finding() -> None:

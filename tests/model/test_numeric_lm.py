@@ -190,6 +190,14 @@ def check_against_full_forward(
         torch.testing.assert_close(redecoded, fed_back, rtol=0, atol=1e-3 * (HI - LO))
     else:  # grid decoders: the same grid values
         assert torch.equal(redecoded, fed_back), (redecoded, fed_back)
+    # each value's decode confidence, aligned with it: the head's own measure, or NaN
+    assert [c.shape for c in gen.confidences] == [v.shape for v in gen.values]
+    recorded = torch.cat(gen.confidences)
+    expected = head.confidence(full.num_hidden[generated], fed_back)
+    if expected is None:
+        assert bool(recorded.isnan().all())
+    else:
+        torch.testing.assert_close(recorded, expected, rtol=0, atol=1e-4)
     return diff
 
 
@@ -414,6 +422,9 @@ class SpyHead:
     def decode(self, hidden: torch.Tensor) -> torch.Tensor:
         self.decode_sizes.append(hidden.shape[0])
         return self.inner.decode(hidden)
+
+    def confidence(self, hidden: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+        return self.inner.confidence(hidden, values)
 
 
 def test_numeric_loss_only_at_num_targets(
