@@ -31,10 +31,13 @@ if TYPE_CHECKING:
     )
     from model.measurer.calibration import (
         DEFAULT_COVERAGE,
+        DEFAULT_DECODE_QUANTILE,
         Calibration,
+        DecodeCheck,
         IntervalRule,
         ScoreKind,
         fit_calibration,
+        fit_decode_check,
     )
     from model.measurer.checkpoint import (
         SETTINGS_NAME,
@@ -279,10 +282,13 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "model.measurer.calibration": (
         "DEFAULT_COVERAGE",
+        "DEFAULT_DECODE_QUANTILE",
         "Calibration",
+        "DecodeCheck",
         "IntervalRule",
         "ScoreKind",
         "fit_calibration",
+        "fit_decode_check",
     ),
     "model.measurer.checkpoint": (
         "SETTINGS_NAME",
