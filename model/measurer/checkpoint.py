@@ -84,6 +84,8 @@ class MeasurerSettings:
     tasks: tuple[str, ...] = ("find", "measure", "point")  # what the model was trained on
     verify_candidates: bool = False  # confirm each found finding with the point task
     find_voting: FindVoting = field(default_factory=FindVoting)  # shifted find passes (voting)
+    # the kinds each find prompt asks for at inference (a model trained on one-kind prompts)
+    find_prompts: tuple[tuple[str, ...], ...] = (("lesion", "vessel"),)
     head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
     calibration: Calibration | None = None
     decode_check: DecodeCheck | None = None  # the weakest decode reported as a number
@@ -108,6 +110,7 @@ class MeasurerSettings:
             "tasks": list(self.tasks),
             "verify_candidates": self.verify_candidates,
             "find_voting": self.find_voting.to_json(),
+            "find_prompts": [list(kinds) for kinds in self.find_prompts],
             "head": dict(self.head),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "decode_check": None if self.decode_check is None else self.decode_check.to_json(),
@@ -142,6 +145,10 @@ class MeasurerSettings:
             tasks=tuple(data.get("tasks", ("find", "measure", "point"))),
             verify_candidates=bool(data.get("verify_candidates", False)),
             find_voting=FindVoting.from_json(data.get("find_voting", FindVoting().to_json())),
+            find_prompts=tuple(
+                tuple(str(k) for k in kinds)
+                for kinds in data.get("find_prompts", [["lesion", "vessel"]])
+            ),
             head=dict(data.get("head", {})),
             calibration=None if calibration is None else Calibration.from_json(calibration),
             decode_check=None if decode_check is None else DecodeCheck.from_json(decode_check),

@@ -27,7 +27,7 @@ reading order of their box centres (row, then column).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from model.measurer.results import FindingKind
-from model.measurer.tasks import FoundFinding, find_answer, find_prompt
+from model.measurer.tasks import FoundFinding, find_answer, find_kinds, find_prompt
 from model.measurer.tiles import FIELD_EDGE_MM, field_side
 from model.measurer.voting import shift_planes
 
@@ -241,22 +241,38 @@ def plane_labels(
 
 @dataclass(frozen=True, eq=False)
 class FindPlane:
-    """One prepared plane kept for training: its two windows (float16) and its labels."""
+    """One prepared plane kept for training: its two windows (float16), its labels and the
+    kinds those labels list exhaustively (a finding of another kind may be there unlabelled)."""
 
     windows: torch.Tensor  # (2, H, W) float16 in [0, 1]: soft, wide
     findings: tuple[FoundFinding, ...]
+    kinds: frozenset[FindingKind] = frozenset(FindingKind)
 
-    def example(self, inputs: FindInputs, shift: tuple[int, int] = (0, 0)) -> FindExample:
-        """The plane as a find example; ``shift`` (rows, columns) moves its content and its
-        boxes by whole pixels (``voting.shift_planes``: the coordinate frame stays), as the
-        shifted passes of inference do. Boxes are clipped to the image; one shifted out of it
-        is left out."""
+    def example(
+        self,
+        inputs: FindInputs,
+        shift: tuple[int, int] = (0, 0),
+        kinds: Collection[FindingKind] | None = None,
+    ) -> FindExample:
+        """The plane as a find example asking for ``kinds`` (default: the plane's own), which
+        must be labelled exhaustively on it; the answer lists the boxes of those kinds.
+        ``shift`` (rows, columns) moves its content and its boxes by whole pixels
+        (``voting.shift_planes``: the coordinate frame stays), as the shifted passes of
+        inference do. Boxes are clipped to the image; one shifted out of it is left out."""
+        asked = self.kinds if kinds is None else find_kinds(kinds)
+        if not asked <= self.kinds:
+            raise ValueError(
+                f"this plane lists {sorted(k.value for k in self.kinds)} exhaustively; it "
+                f"cannot answer a find prompt for {sorted(k.value for k in asked)}"
+            )
         rows, columns = shift
         windows = shift_planes(self.windows[None], rows, columns)
         images = find_frames(windows, inputs)[0]  # (2, 3, H, W)
         height, width = (float(n) for n in self.windows.shape[-2:])
         found = []
         for finding in self.findings:
+            if finding.kind not in asked:
+                continue
             row0, col0, row1, col1 = finding.box
             box = (
                 min(height, max(0.0, row0 + rows)),
@@ -267,7 +283,7 @@ class FindPlane:
             if box[0] < box[2] and box[1] < box[3]:
                 found.append(FoundFinding(finding.kind, 0, box))
         found.sort(key=lambda f: ((f.box[0] + f.box[2]) / 2, (f.box[1] + f.box[3]) / 2))
-        return FindExample(images, find_prompt(1), find_answer(found, num_images=1))
+        return FindExample(images, find_prompt(1, asked), find_answer(found, num_images=1))
 
 
 def _tile_findings(
@@ -300,11 +316,14 @@ def find_planes(
     *,
     planes: int | None = None,
     edge_mm: float = FIELD_EDGE_MM,
+    kinds: Collection[FindingKind] | None = None,
 ) -> list[FindPlane]:
     """Training planes of one study: ``planes`` planes drawn without replacement, those that
     show a lesion twice as likely as the others (all planes when None). The study is prepared
     over its whole field as inference prepares it (:func:`prepare_find_field`), and each plane
-    is one tile of the trained size at a random place in that field."""
+    is one tile of the trained size at a random place in that field. ``kinds``: what the
+    study's findings list exhaustively (default both); the planes ask only for those."""
+    exhaustive = find_kinds(kinds)
     prepared = prepare_find_field(volume, inputs, edge_mm=edge_mm)
     labels = plane_labels(findings, prepared)
     chosen: Sequence[int] = range(len(labels))
@@ -321,5 +340,5 @@ def find_planes(
         row = int(rng.integers(0, side_rows - size + 1))
         column = int(rng.integers(0, side_columns - size + 1))
         tile = windows[:, k, row : row + size, column : column + size].clone()
-        out.append(FindPlane(tile, _tile_findings(labels[k], row, column, size)))
+        out.append(FindPlane(tile, _tile_findings(labels[k], row, column, size), exhaustive))
     return out

@@ -49,6 +49,7 @@ from model.measurer.data import (
 )
 from model.measurer.find import FindExample, FindInputs, FindPlane, find_planes
 from model.measurer.images import SIDE_MULTIPLE
+from model.measurer.results import FindingKind
 
 __all__ = [
     "DatasetSource",
@@ -384,6 +385,9 @@ class StudyPool:
         near_background_fraction: share of the background patches drawn beside a finding
             (``data.background_patches``).
         find_shift_px: find planes are shifted by up to this many pixels (0: not shifted).
+        scoped_find_fraction: share of the find examples of planes labelled for both kinds
+            that ask for one kind only (lesion or vessel, a fair coin), so the one-kind prompts
+            that studies annotated for one kind teach are not tied to those studies.
         seed: seeds the choice of planes.
         on_study: called with each study index as it is added (progress).
     """
@@ -402,6 +406,7 @@ class StudyPool:
         click_fraction: float = 0.0,
         near_background_fraction: float = 0.0,
         find_shift_px: int = 0,
+        scoped_find_fraction: float = 0.0,
         seed: int,
         on_study: Callable[[int], None] | None = None,
     ) -> None:
@@ -424,6 +429,9 @@ class StudyPool:
             )
         self.near_background_fraction = near_background_fraction
         self.find_shift_px = find_shift_px
+        if not 0 <= scoped_find_fraction <= 1:
+            raise ValueError(f"scoped_find_fraction must be in [0, 1], got {scoped_find_fraction}")
+        self.scoped_find_fraction = scoped_find_fraction
         self.seed = seed
         self.on_study = on_study
         self._entries: OrderedDict[int, PoolEntry] = OrderedDict()
@@ -444,21 +452,28 @@ class StudyPool:
                 self.on_study(index)
 
     def _entry(self, index: int) -> PoolEntry:
-        """One study's material. Find planes and background patches say "nothing here" about
-        everything not annotated, so they come only from studies annotated exhaustively for
-        both kinds (phantoms, label maps of lesions and vessels); a reviewer's negative
-        example is a background patch of its own wherever it comes from."""
+        """One study's material. A find plane says "nothing here" about every kind it asks
+        for, so it asks only for the kinds the study annotates exhaustively (none: no planes).
+        Background patches say it about both kinds, so they come only from studies annotated
+        exhaustively for both (phantoms, label maps of lesions and vessels); a reviewer's
+        negative example is a background patch of its own wherever it comes from."""
         study = self.source.study(index)
         rng = np.random.default_rng([self.seed, index])
         patches = finding_patches(
             study.volume, study.findings, self.measure_inputs, click_fraction=self.click_fraction
         )
-        complete = {"lesion", "vessel"} <= set(study.annotated)
+        kinds = {FindingKind(k) for k in study.annotated if k in {"lesion", "vessel"}}
+        complete = kinds == set(FindingKind)
         planes = (
             find_planes(
-                study.volume, study.findings, self.find_inputs, rng, planes=self.planes_per_study
+                study.volume,
+                study.findings,
+                self.find_inputs,
+                rng,
+                planes=self.planes_per_study,
+                kinds=kinds,
             )
-            if complete
+            if kinds
             else []
         )
         background = (
@@ -517,8 +532,10 @@ class StudyPool:
 
     def find_examples(self, n: int, rng: np.random.Generator) -> list[FindExample]:
         """``n`` find planes drawn uniformly from the pool, each with its content shifted by
-        up to ``find_shift_px`` pixels along rows and columns (uniform, whole pixels); none
-        while no study of the pool is annotated exhaustively (``_entry``)."""
+        up to ``find_shift_px`` pixels along rows and columns (uniform, whole pixels), asking
+        for the kinds its study annotates (one of both for ``scoped_find_fraction`` of the
+        planes labelled for both); none while no study of the pool annotates a kind
+        exhaustively (``_entry``)."""
         planes = self.planes
         if not planes:
             return []
@@ -528,7 +545,14 @@ class StudyPool:
             if self.find_shift_px:
                 r, c = rng.integers(-self.find_shift_px, self.find_shift_px + 1, 2)
                 shift = (int(r), int(c))
-            out.append(planes[i].example(self.find_inputs, shift))
+            kinds = None
+            if (
+                self.scoped_find_fraction
+                and len(planes[i].kinds) > 1
+                and rng.uniform() < self.scoped_find_fraction
+            ):
+                kinds = [sorted(planes[i].kinds)[int(rng.integers(0, len(planes[i].kinds)))]]
+            out.append(planes[i].example(self.find_inputs, shift, kinds))
         return out
 
 

@@ -77,8 +77,15 @@ from model.measurer.inference import (
     outcome_for,
 )
 from model.measurer.planes import best_plane, search_points
-from model.measurer.results import Segment3
-from model.measurer.tasks import FoundFinding, find_prompt, parse_find, parse_measure, parse_point
+from model.measurer.results import FindingKind, Segment3
+from model.measurer.tasks import (
+    FoundFinding,
+    find_kinds,
+    find_prompt,
+    parse_find,
+    parse_measure,
+    parse_point,
+)
 from model.measurer.tiles import FIELD_EDGE_MM, merge_tiles, offset_findings, tile_starts
 from model.measurer.voting import FindVoting, shift_planes, unshift_findings, vote_boxes
 
@@ -137,6 +144,8 @@ class InferenceOptions:
             one tile).
         lesion_planes: examined planes on either side where a lesion is also measured.
         grouping: how boxes are joined into candidates.
+        find_prompts: the kinds each find prompt asks for (each prompt runs over every tile
+            and pass, and only its kinds are kept); None: as the checkpoint says.
     """
 
     find_plane_mm: float = 2.0
@@ -147,8 +156,14 @@ class InferenceOptions:
     find_edge_mm: float = FIELD_EDGE_MM
     lesion_planes: int = 6
     grouping: GroupingRule = field(default_factory=GroupingRule)
+    find_prompts: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.find_prompts is not None:
+            if not self.find_prompts:
+                raise ValueError("find_prompts needs at least one prompt (or None)")
+            for kinds in self.find_prompts:
+                find_kinds(kinds)  # ValueError naming an unknown kind
         for name in ("find_plane_mm", "find_overlap_mm"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -287,12 +302,13 @@ def _batched_texts(
 
 
 def _find_answers(
-    model: StageModel, windows: torch.Tensor, inputs: FindInputs
+    model: StageModel, windows: torch.Tensor, inputs: FindInputs, kinds: frozenset[FindingKind]
 ) -> tuple[list[list[FoundFinding]], int]:
-    """One find prompt per (P, 2, H, W) tile plane: the parsed boxes of each (none where the
-    answer was malformed) and how many answers were malformed."""
+    """One find prompt for ``kinds`` per (P, 2, H, W) tile plane: the parsed boxes of those
+    kinds on each (none where the answer was malformed; a box of a kind not asked for is not
+    the prompt's answer and is dropped) and how many answers were malformed."""
     limit = MAX_FIND_TOKENS if model.numeric_tokens else MAX_FIND_TOKENS_DIGITS
-    prompt = find_prompt(1)
+    prompt = find_prompt(1, kinds)
     examples = [FindExample(image, prompt, None) for image in find_frames(windows, inputs)]
     answers: list[list[FoundFinding]] = []
     malformed = 0
@@ -301,7 +317,8 @@ def _find_answers(
         if not parsed.success:
             malformed += 1
             logger.debug("malformed find answer: %s", parsed.reason)
-        answers.append(list(parsed.findings) if parsed.success else [])
+        found = parsed.findings if parsed.success else ()
+        answers.append([f for f in found if f.kind in kinds])
     return answers, malformed
 
 
@@ -317,25 +334,31 @@ def find(model: StageModel, state: StudyState) -> StudyState:
     side_rows, side_columns = (int(n) for n in prepared.image.shape[2:])
     overlap = min(inputs.size - 1, math.ceil(options.find_overlap_mm / inputs.pixel_mm))
     voting = options.find_voting or model.settings.find_voting
+    prompts = [find_kinds(k) for k in options.find_prompts or model.settings.find_prompts]
     all_planes = prepared.image.transpose(0, 1)  # (P, 2, H, W)
     per_tile: list[list[list[FoundFinding]]] = []
     malformed = total = 0
     for row in tile_starts(side_rows, inputs.size, overlap):
         for column in tile_starts(side_columns, inputs.size, overlap):
             windows = all_planes[:, :, row : row + inputs.size, column : column + inputs.size]
-            passes = []
-            for rows, columns in voting.shifts:
-                answers, bad = _find_answers(model, shift_planes(windows, rows, columns), inputs)
-                passes.append([unshift_findings(found, rows, columns) for found in answers])
-                malformed += bad
-                total += planes
-            voted = passes[0]
-            if not voting.single:
-                voted = [
-                    vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
-                    for per_plane in zip(*passes, strict=True)
-                ]
-            per_tile.append([offset_findings(found, row, column) for found in voted])
+            tile: list[list[FoundFinding]] = [[] for _ in range(planes)]
+            for kinds in prompts:
+                passes = []
+                for rows, columns in voting.shifts:
+                    shifted = shift_planes(windows, rows, columns)
+                    answers, bad = _find_answers(model, shifted, inputs, kinds)
+                    passes.append([unshift_findings(found, rows, columns) for found in answers])
+                    malformed += bad
+                    total += planes
+                voted = passes[0]
+                if not voting.single:
+                    voted = [
+                        vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
+                        for per_plane in zip(*passes, strict=True)
+                    ]
+                for found, more in zip(tile, voted, strict=True):
+                    found.extend(more)
+            per_tile.append([offset_findings(found, row, column) for found in tile])
     merged = [merge_tiles(tiles) for tiles in zip(*per_tile, strict=True)]
     warnings: tuple[str, ...] = ()
     if malformed:

@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from model.measurer.results import FindingKind
@@ -73,6 +73,7 @@ __all__ = [
     "ParsedMeasure",
     "ParsedPoint",
     "find_answer",
+    "find_kinds",
     "find_prompt",
     "measure_answer",
     "measure_prompt",
@@ -196,15 +197,41 @@ class ParsedPoint:
 # --- writers --------------------------------------------------------------------------------
 
 
-def find_prompt(num_images: int) -> str:
-    """The find prompt for ``num_images`` slice images (their placeholders are added elsewhere).
+def find_prompt(num_images: int, kinds: Collection[FindingKind | str] | None = None) -> str:
+    """The find prompt for ``num_images`` slice images (their placeholders are added elsewhere),
+    asking for ``kinds`` (default: both).
+
+    A prompt for one kind lets a study annotated exhaustively for that kind only (e.g. a real
+    background whose vessels nobody labelled) teach "nothing here" for that kind.
 
     >>> find_prompt(8)
     'find lesions and vessels in the images'
+    >>> find_prompt(1, ["lesion"])
+    'find lesions in the image'
     """
     if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
         raise ValueError(f"num_images must be a positive int, not {num_images!r}")
-    return "find lesions and vessels in the " + ("image" if num_images == 1 else "images")
+    asked = find_kinds(kinds)
+    words = " and ".join(f"{kind.value}s" for kind in FindingKind if kind in asked)
+    return f"find {words} in the " + ("image" if num_images == 1 else "images")
+
+
+def find_kinds(kinds: Collection[FindingKind | str] | None) -> frozenset[FindingKind]:
+    """``kinds`` as a non-empty set of ``FindingKind`` (None: both); ValueError naming a kind
+    that is not one."""
+    if kinds is None:
+        return frozenset(FindingKind)
+    out = set()
+    for kind in kinds:
+        try:
+            out.add(FindingKind(kind))
+        except ValueError:
+            raise ValueError(
+                f"unknown finding kind {kind!r}; use {[k.value for k in FindingKind]}"
+            ) from None
+    if not out:
+        raise ValueError("a find prompt asks for at least one kind")
+    return frozenset(out)
 
 
 def find_answer(findings: Sequence[FoundFinding], *, num_images: int | None = None) -> str:

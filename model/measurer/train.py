@@ -55,6 +55,7 @@ from model.measurer.pool import (
     StudySource,
     load_dataset_volume,
 )
+from model.measurer.tasks import find_kinds
 from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
 from model.measurer.voting import FindVoting
 from model.numeric.hf import NumericLM
@@ -139,6 +140,7 @@ class PoolSettings:
     click_fraction: float = 0.0  # > 0: clicks anywhere inside a finding (model.measurer.data)
     near_background_fraction: float = 0.0  # background clicks beside a finding (data module)
     find_shift_px: int = 0  # find planes shifted by up to this many pixels (model.measurer.pool)
+    scoped_find_fraction: float = 0.0  # planes of both kinds asked for one (model.measurer.pool)
 
 
 def _default_stages() -> tuple[Stage, ...]:
@@ -172,6 +174,8 @@ class TrainConfig:
     pool: PoolSettings = field(default_factory=PoolSettings)
     # how the checkpoint's find step runs at inference (shifted passes; stored with it)
     find_voting: FindVoting = field(default_factory=FindVoting)
+    # the kinds each inference find prompt asks for (stored with the checkpoint)
+    find_prompts: tuple[tuple[str, ...], ...] = (("lesion", "vessel"),)
     checkpoint_every: int = 1000
     threads: int | None = None
     base_model: str | None = None  # a local Qwen2.5-VL directory instead of the default model
@@ -186,6 +190,12 @@ class TrainConfig:
         batches = (self.measure_batch, self.find_batch, self.point_batch, self.axes_batch)
         if min(batches) < 0 or not any(batches):
             raise ValueError("the batch sizes must be >= 0, not all 0")
+        prompts = tuple(tuple(str(k) for k in kinds) for kinds in self.find_prompts)
+        object.__setattr__(self, "find_prompts", prompts)
+        if not prompts:
+            raise ValueError("find_prompts needs at least one prompt")
+        for kinds in prompts:
+            find_kinds(kinds)  # ValueError naming an unknown kind
 
     @classmethod
     def for_base_model(cls, directory: str, *, steps: int = 4000, **changes: Any) -> TrainConfig:
@@ -481,6 +491,7 @@ def _settings(
         # clicks anywhere on a finding train the point task to confirm off-centre candidates
         verify_candidates=config.pool.click_fraction > 0 and config.point_batch > 0,
         find_voting=config.find_voting,
+        find_prompts=config.find_prompts,
         head=head,
         training={**provenance, "config": config.to_json()},
         domain=domain,
@@ -737,6 +748,7 @@ def train(
         click_fraction=config.pool.click_fraction,
         near_background_fraction=config.pool.near_background_fraction,
         find_shift_px=config.pool.find_shift_px,
+        scoped_find_fraction=config.pool.scoped_find_fraction,
         seed=config.seed,
         on_study=on_study,
     )

@@ -49,6 +49,7 @@ def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
         head={} if head is None else options,
         calibration=fit_calibration(pairs),
         decode_check=DecodeCheck(0.42, 0.01, 120),
+        find_prompts=(("lesion",), ("vessel",)),
         find_voting=FindVoting.half_token(votes=2),
         training={"seed": 0},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,8 +13,15 @@ from ingestion.errors import ConfigurationError
 from ingestion.phantoms import generate_phantom, study_seed, write_phantoms
 from model.measurer.data import MeasureInputs, background_patches, finding_patches, phantom_volume
 from model.measurer.find import FindInputs
-from model.measurer.pool import FolderSource, PhantomSource, StudyPool, read_truth
-from model.measurer.tasks import parse_point
+from model.measurer.pool import (
+    FolderSource,
+    PhantomSource,
+    StudyPool,
+    TrainingStudy,
+    read_truth,
+)
+from model.measurer.results import FindingKind
+from model.measurer.tasks import parse_find, parse_point
 
 MEASURE = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=2.0)
 FIND = FindInputs(pixel_mm=3.0, size=112)
@@ -186,3 +194,56 @@ def test_find_examples_are_shifted_within_the_limit() -> None:
     assert len(examples) == 6
     with pytest.raises(ValueError, match="find_shift_px"):
         _pool(find_shift_px=28)
+
+
+class _LesionsOnly:
+    """Phantoms as a study annotated exhaustively for lesions only (like a real background
+    whose vessels nobody labelled)."""
+
+    def __init__(self) -> None:
+        self.inner = PhantomSource(seed=1)
+
+    def study(self, index: int) -> TrainingStudy:
+        return dataclasses.replace(self.inner.study(index), annotated=("lesion",))
+
+    def describe(self) -> dict[str, object]:
+        return self.inner.describe()
+
+
+def test_a_study_annotated_for_lesions_only_gives_lesion_find_planes_and_no_background() -> None:
+    pool = StudyPool(
+        _LesionsOnly(), MEASURE, FIND, size=3, initial=2, studies_per_step=0.0,
+        planes_per_study=3, background_per_study=3, seed=5,
+    )  # fmt: skip
+    pool.advance(0)
+    assert pool.planes and all(p.kinds == {FindingKind.LESION} for p in pool.planes)
+    assert not pool.background  # "nothing here" clicks would deny the unlabelled vessels
+    examples = pool.find_examples(8, np.random.default_rng(2))
+    assert {e.prompt for e in examples} == {"find lesions in the image"}
+    for example in examples:
+        parsed = parse_find(example.answer or "", num_images=1)
+        assert parsed.success and all(f.kind is FindingKind.LESION for f in parsed.findings)
+    with pytest.raises(ValueError, match=r"cannot answer a find prompt for \['vessel'\]"):
+        pool.planes[0].example(FIND, kinds=[FindingKind.VESSEL])
+
+
+def test_scoped_find_prompts_ask_for_one_kind_and_answer_for_it_only() -> None:
+    rng = np.random.default_rng(4)
+    everything = _pool(planes_per_study=4)
+    everything.advance(0)
+    assert {e.prompt for e in everything.find_examples(20, rng)} == {
+        "find lesions and vessels in the image"
+    }
+    scoped = _pool(planes_per_study=4, scoped_find_fraction=1.0)
+    scoped.advance(0)
+    examples = scoped.find_examples(40, rng)
+    prompts = {e.prompt for e in examples}
+    assert prompts == {"find lesions in the image", "find vessels in the image"}
+    for example in examples:
+        asked = FindingKind.LESION if "lesions" in example.prompt else FindingKind.VESSEL
+        parsed = parse_find(example.answer or "", num_images=1)
+        assert parsed.success and all(f.kind is asked for f in parsed.findings)
+    vessels = [e for e in examples if "vessels" in e.prompt]
+    assert any(parse_find(e.answer or "", num_images=1).findings for e in vessels)
+    with pytest.raises(ValueError, match="scoped_find_fraction"):
+        _pool(scoped_find_fraction=1.5)

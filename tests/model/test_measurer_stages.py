@@ -164,6 +164,38 @@ def test_find_searches_the_whole_field_in_overlapping_tiles() -> None:
     assert xs[-1] - xs[0] >= 2 * 56  # spread over the field, not one 56 mm crop
 
 
+def test_one_kind_find_prompts_keep_only_the_kind_they_ask_for() -> None:
+    """With the checkpoint's find prompts (lesions) and (vessels), each plane is asked twice;
+    a box of the other kind in an answer is not that prompt's answer and is dropped."""
+    volume = _volume(side=56)
+
+    def answer(prompt: str, index: int) -> str:
+        lesion, vessel = "lesion box [10, 10, 20, 20]", "vessel box [36, 36, 44, 44]"
+        if prompt == "find lesions in the image":
+            return f"{lesion} ; {vessel} ; end"  # the vessel box is not kept
+        assert prompt == "find vessels in the image", prompt
+        return "vessel box [36, 36, 44, 44] ; lesion box [40, 10, 50, 20] ; end"
+
+    model = FixedAnswers(answer, options=InferenceOptions(find_voting=FindVoting(((0, 0),), 1)))
+    model.settings = dataclasses.replace(
+        model.settings, find_prompts=(("lesion",), ("vessel",))
+    )
+    state = find(model, StudyState(volume))
+    assert len(model.prompts) == 2 * state.examined_planes
+    found = sorted((c.found.kind.value, c.found.center_lps_mm[1]) for c in state.candidates)
+    assert [kind for kind, _ in found] == ["lesion", "vessel"]
+    assert [y for _, y in found] == pytest.approx([14.5, 39.5], abs=1.0)  # box centres
+    both = FixedAnswers(
+        answer,
+        options=InferenceOptions(find_voting=FindVoting(((0, 0),), 1), find_prompts=(("lesion",),)),
+    )
+    only_lesions = find(both, StudyState(volume))
+    assert {c.found.kind for c in only_lesions.candidates} == {LESION}
+    assert len(both.prompts) == only_lesions.examined_planes
+    with pytest.raises(ValueError, match="unknown finding kind 'tumour'"):
+        InferenceOptions(find_prompts=(("tumour",),))
+
+
 def test_shifted_find_passes_are_shifted_back_and_voted() -> None:
     """Two passes, the second with the content 14 pixels down, both must agree: a model that
     follows the content gives one lesion on every plane; boxes at the same pixels in both

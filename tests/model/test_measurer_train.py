@@ -34,7 +34,10 @@ CONFIG = tiny_config(
     measure_inputs=MeasureInputs(
         pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=2.0, jitter_z_mm=1.0
     ),
-    pool=PoolSettings(size=3, initial=2, studies_per_step=0.5, planes_per_study=2),
+    pool=PoolSettings(
+        size=3, initial=2, studies_per_step=0.5, planes_per_study=2, scoped_find_fraction=0.5
+    ),
+    find_prompts=(("lesion",), ("vessel",)),
     lambda_ramp_steps=2,
     checkpoint_every=2,
 )
@@ -61,6 +64,8 @@ def test_config_round_trips_through_json() -> None:
     [
         ({"stages": ()}, "at least one stage"),
         ({"measure_batch": 0, "find_batch": 0, "point_batch": 0}, "not all 0"),
+        ({"find_prompts": ()}, "at least one prompt"),
+        ({"find_prompts": (("lesion", "organ"),)}, "unknown finding kind 'organ'"),
     ],
 )
 def test_bad_configs(kwargs: dict, message: str) -> None:
@@ -84,6 +89,7 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:
     assert loaded.settings.measure_inputs.jitter_mm == 0.0  # inference crops are not jittered
     assert loaded.settings.tasks == ("find", "measure", "point", "axes")
     assert loaded.settings.training["config"] == CONFIG.to_json()
+    assert loaded.settings.find_prompts == (("lesion",), ("vessel",))  # what inference asks
 
     again = train(CONFIG, tmp_path / "again", PhantomSource(1))
     first, second = _weights(whole), _weights(again)
