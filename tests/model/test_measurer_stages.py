@@ -177,9 +177,7 @@ def test_one_kind_find_prompts_keep_only_the_kind_they_ask_for() -> None:
         return "vessel box [36, 36, 44, 44] ; lesion box [40, 10, 50, 20] ; end"
 
     model = FixedAnswers(answer, options=InferenceOptions(find_voting=FindVoting(((0, 0),), 1)))
-    model.settings = dataclasses.replace(
-        model.settings, find_prompts=(("lesion",), ("vessel",))
-    )
+    model.settings = dataclasses.replace(model.settings, find_prompts=(("lesion",), ("vessel",)))
     state = find(model, StudyState(volume))
     assert len(model.prompts) == 2 * state.examined_planes
     found = sorted((c.found.kind.value, c.found.center_lps_mm[1]) for c in state.candidates)
