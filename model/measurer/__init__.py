@@ -115,6 +115,7 @@ if TYPE_CHECKING:
         plane_images,
         plane_labels,
         prepare_find_field,
+        with_context,
     )
     from model.measurer.grouping import (
         Detection,
@@ -361,6 +362,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "field_extent_mm",
         "find_planes",
         "plane_images",
+        "with_context",
         "plane_labels",
         "prepare_find_field",
     ),
@@ -711,6 +713,7 @@ __all__ = [
     "truth_segments",
     "unshift_findings",
     "vote_boxes",
+    "with_context",
     "with_values",
     "write_settings",
 ]

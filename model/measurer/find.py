@@ -17,6 +17,14 @@ count is that of a still image):
   vision tower has only relative (rotary) positions, so a tower trained from scratch cannot
   otherwise tell where in the image a patch lies, which a box needs.
 
+3-D context (:attr:`FindInputs.context_mm` > 0): the image gets a second temporal patch, frames
+2 and 3 the content of the prepared planes nearest to ``context_mm`` below and above (the
+volume's end plane where there is none), so the model sees whether a structure runs on through
+the slices (a vessel) or ends within a few (a lesion). Qwen2.5-VL's vision tower and the
+Circle-RoPE positions handle ``t = 2`` as they handle a video's; the image has twice the
+tokens. A plane with its context is carried as one (6, H, W) tensor of windows: (soft, wide) of
+the plane, of the one below and of the one above, so shifting and tiling treat them as one.
+
 Labels (training): a lesion is listed on a plane when the plane's slab (its centre +- half the
 slice spacing) cuts the ellipsoid in a cross-section at least :data:`VISIBLE_FRACTION` of the
 central one; its box is that cross-section's bounding box. A vessel is listed on every plane.
@@ -55,6 +63,7 @@ __all__ = [
     "plane_images",
     "plane_labels",
     "prepare_find_field",
+    "with_context",
 ]
 
 VISIBLE_FRACTION = 0.6
@@ -74,6 +83,8 @@ class FindInputs:
         wide_window: (level, width) HU of frame 0's third channel.
         coordinates: add the coordinate frame (for vision towers trained from scratch); without
             it frame 1 repeats frame 0 (a still image, as the processor makes it).
+        context_mm: > 0: the planes nearest this far below and above are frames 2 and 3 (3-D
+            context, module doc); 0: a one-plane image.
     """
 
     pixel_mm: float = 1.75
@@ -81,16 +92,32 @@ class FindInputs:
     soft_window: tuple[float, float] = (40.0, 160.0)
     wide_window: tuple[float, float] = (100.0, 600.0)
     coordinates: bool = True
+    context_mm: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
             raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
+        if not (math.isfinite(self.context_mm) and self.context_mm >= 0):
+            raise ValueError(f"context_mm must be finite mm >= 0, got {self.context_mm}")
         if self.size % 28 or self.size < 28:
             raise ValueError(f"size must be a positive multiple of 28, got {self.size}")
         for name in ("soft_window", "wide_window"):
             level, width = getattr(self, name)
             if not (math.isfinite(level) and math.isfinite(width) and width > 0):
                 raise ValueError(f"{name} must be (level, width > 0) in HU, got {(level, width)}")
+
+    @property
+    def windows(self) -> int:
+        """Window channels of one plane as the find step carries it: 2 (soft, wide), or 6
+        with its context planes."""
+        return 6 if self.context_mm > 0 else 2
+
+    def context_planes(self, spacing_mm: float) -> int:
+        """How many prepared planes ``spacing_mm`` apart the context planes lie from the plane
+        (the nearest to ``context_mm``, at least 1; 0 without context)."""
+        if self.context_mm <= 0:
+            return 0
+        return max(1, round(self.context_mm / spacing_mm))
 
     def prepare_config(self) -> PrepareConfig:
         """The ``ingestion.prepare`` configuration of these inputs (native slice spacing)."""
@@ -107,7 +134,7 @@ class FindInputs:
 class FindExample:
     """One plane's image and texts; ``answer`` is None at inference."""
 
-    images: torch.Tensor  # (2, 3, H, W) float32 in [0, 1]: one two-frame image
+    images: torch.Tensor  # (F, 3, H, W) float32 in [0, 1]: one image of F = 2 or 4 frames
     prompt: str
     answer: str | None
 
@@ -151,21 +178,49 @@ def prepare_find_field(
 
 
 def plane_images(prepared: PreparedVolume, inputs: FindInputs) -> torch.Tensor:
-    """(S, 2, 3, H, W) float32: every prepared plane as a two-frame find image."""
+    """(S, F, 3, H, W) float32: every prepared plane as a find image (F = 2, or 4 with
+    context)."""
     if prepared.image.shape[0] != 2:
         raise ValueError(
             f"a find volume has 2 windows (soft, wide), got {prepared.image.shape[0]}; "
             "prepare it with prepare_find_field"
         )
-    return find_frames(prepared.image.transpose(0, 1), inputs)
+    planes = prepared.image.transpose(0, 1)  # (S, 2, H, W)
+    spacing = prepared.geometry.slice_spacing
+    return find_frames(with_context(planes, inputs.context_planes(spacing)), inputs)
+
+
+def with_context(planes: torch.Tensor, offset: int) -> torch.Tensor:
+    """(S, 2, H, W) consecutive planes -> (S, 6, H, W): each plane's windows, then those of
+    the plane ``offset`` below and ``offset`` above it (clamped to the first and last plane).
+    ``offset`` 0: the planes unchanged."""
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0 planes, got {offset}")
+    if offset == 0:
+        return planes
+    index = torch.arange(planes.shape[0])
+    below = planes[(index - offset).clamp(min=0)]
+    above = planes[(index + offset).clamp(max=planes.shape[0] - 1)]
+    return torch.cat((planes, below, above), dim=1)
+
+
+def _content(windows: torch.Tensor) -> torch.Tensor:
+    """(S, 2, H, W) (soft, wide) -> (S, 3, H, W) ``(soft, 1 - soft, wide)``."""
+    soft, wide = windows[:, 0], windows[:, 1]
+    return torch.stack((soft, 1.0 - soft, wide), dim=1)
 
 
 def find_frames(windows: torch.Tensor, inputs: FindInputs) -> torch.Tensor:
-    """(S, 2, H, W) planes in the (soft, wide) windows -> (S, 2, 3, H, W) float32 find images
+    """(S, C, H, W) planes in the (soft, wide) windows, C = ``inputs.windows`` (with their
+    context planes, :func:`with_context`) -> (S, F, 3, H, W) float32 find images, F = 2 or 4
     (frames and channels as in the module doc)."""
+    if windows.ndim != 4 or windows.shape[1] != inputs.windows:
+        raise ValueError(
+            f"find windows must be (S, {inputs.windows}, H, W) for context_mm "
+            f"{inputs.context_mm:g}, got {tuple(windows.shape)}"
+        )
     windows = windows.float()
-    soft, wide = windows[:, 0], windows[:, 1]  # (S, H, W) each
-    content = torch.stack((soft, 1.0 - soft, wide), dim=1)  # (S, 3, H, W)
+    content = _content(windows[:, :2])  # (S, 3, H, W)
     s, _, h, w = content.shape
     if inputs.coordinates:
         rows = torch.linspace(0.0, 1.0, h).view(h, 1).expand(h, w)
@@ -174,7 +229,10 @@ def find_frames(windows: torch.Tensor, inputs: FindInputs) -> torch.Tensor:
         second = coords.expand(s, 3, h, w)
     else:
         second = content
-    return torch.stack((content, second), dim=1).contiguous()  # (S, 2, 3, H, W)
+    frames = [content, second]
+    if inputs.context_mm > 0:
+        frames += [_content(windows[:, 2:4]), _content(windows[:, 4:6])]
+    return torch.stack(frames, dim=1).contiguous()  # (S, F, 3, H, W)
 
 
 def _cross_section_scale(finding: TrueFinding, plane_z: float, half_slab: float) -> float:
@@ -244,7 +302,7 @@ class FindPlane:
     """One prepared plane kept for training: its two windows (float16), its labels and the
     kinds those labels list exhaustively (a finding of another kind may be there unlabelled)."""
 
-    windows: torch.Tensor  # (2, H, W) float16 in [0, 1]: soft, wide
+    windows: torch.Tensor  # (C, H, W) float16 in [0, 1]: soft, wide (C = 6: with context)
     findings: tuple[FoundFinding, ...]
     kinds: frozenset[FindingKind] = frozenset(FindingKind)
 
@@ -267,7 +325,7 @@ class FindPlane:
             )
         rows, columns = shift
         windows = shift_planes(self.windows[None], rows, columns)
-        images = find_frames(windows, inputs)[0]  # (2, 3, H, W)
+        images = find_frames(windows, inputs)[0]  # (F, 3, H, W)
         height, width = (float(n) for n in self.windows.shape[-2:])
         found = []
         for finding in self.findings:
@@ -335,10 +393,14 @@ def find_planes(
     windows = prepared.image.to(torch.float16)  # (2, S, H, W)
     side_rows, side_columns = (int(n) for n in windows.shape[-2:])
     size = inputs.size
+    offset = inputs.context_planes(prepared.geometry.slice_spacing)
+    last = windows.shape[1] - 1
     out = []
     for k in chosen:
         row = int(rng.integers(0, side_rows - size + 1))
         column = int(rng.integers(0, side_columns - size + 1))
-        tile = windows[:, k, row : row + size, column : column + size].clone()
+        picked = [k] if not offset else [k, max(0, k - offset), min(last, k + offset)]
+        tile = windows[:, picked, row : row + size, column : column + size]  # (2, n, s, s)
+        tile = tile.transpose(0, 1).reshape(-1, size, size).clone()  # (2 n, s, s)
         out.append(FindPlane(tile, _tile_findings(labels[k], row, column, size), exhaustive))
     return out

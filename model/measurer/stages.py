@@ -10,8 +10,10 @@ The stages, in their default order:
     :attr:`InferenceOptions.find_plane_mm` apart) over the whole field of view, in overlapping
     tiles of the trained size (``model.measurer.tiles``), once per shifted pass of the
     checkpoint's ``find_voting`` (``model.measurer.voting``); boxes joined into candidates in
-    3-D (``model.measurer.grouping``). A malformed answer leaves its plane unsearched in that
-    pass; it is counted in the warnings.
+    3-D (``model.measurer.grouping``). Each of the checkpoint's find prompts runs (the kinds
+    it asks for; only those are kept); a checkpoint with 3-D context sees each plane with the
+    examined planes nearest its ``context_mm`` below and above (``model.measurer.find``). A
+    malformed answer leaves its plane unsearched in that pass; it is counted in the warnings.
 ``verify``
     The point task at each candidate's centre (a crop at the measure scale): ``none`` drops the
     candidate, a kind replaces the find step's. A malformed answer is no confirmation: the
@@ -61,7 +63,13 @@ from model.measurer.data import (
     point_example,
 )
 from model.measurer.dedupe import one_report_per_object
-from model.measurer.find import FindExample, FindInputs, find_frames, prepare_find_field
+from model.measurer.find import (
+    FindExample,
+    FindInputs,
+    find_frames,
+    prepare_find_field,
+    with_context,
+)
 from model.measurer.grouping import (
     GroupedFinding,
     GroupingRule,
@@ -336,11 +344,13 @@ def find(model: StageModel, state: StudyState) -> StudyState:
     voting = options.find_voting or model.settings.find_voting
     prompts = [find_kinds(k) for k in options.find_prompts or model.settings.find_prompts]
     all_planes = prepared.image.transpose(0, 1)  # (P, 2, H, W)
+    context = inputs.context_planes(prepared.geometry.slice_spacing)
     per_tile: list[list[list[FoundFinding]]] = []
     malformed = total = 0
     for row in tile_starts(side_rows, inputs.size, overlap):
         for column in tile_starts(side_columns, inputs.size, overlap):
-            windows = all_planes[:, :, row : row + inputs.size, column : column + inputs.size]
+            tile_planes = all_planes[:, :, row : row + inputs.size, column : column + inputs.size]
+            windows = with_context(tile_planes, context)  # (P, 2 or 6, size, size)
             tile: list[list[FoundFinding]] = [[] for _ in range(planes)]
             for kinds in prompts:
                 passes = []

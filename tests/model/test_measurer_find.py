@@ -15,10 +15,12 @@ from model.measurer.data import encode_example, phantom_volume
 from model.measurer.find import (
     VISIBLE_FRACTION,
     FindInputs,
+    find_frames,
     find_planes,
     plane_images,
     plane_labels,
     prepare_find_field,
+    with_context,
 )
 from model.measurer.grouping import (
     Detection,
@@ -28,7 +30,7 @@ from model.measurer.grouping import (
     merge_duplicates,
     plane_detections,
 )
-from model.measurer.images import image_token_count
+from model.measurer.images import image_token_count, patchify_frames
 from model.measurer.results import FindingKind
 from model.measurer.tasks import parse_find
 from model.measurer.tokenizer import build_tokenizer, special_ids
@@ -160,6 +162,7 @@ def test_planes_prefer_lesions_and_are_seeded(phantom: Phantom) -> None:
         ({"pixel_mm": 0.0}, "pixel_mm"),
         ({"size": 100}, "multiple of 28"),
         ({"soft_window": (40.0, 0.0)}, "soft_window"),
+        ({"context_mm": -1.0}, "context_mm"),
     ],
 )
 def test_bad_find_inputs(kwargs: dict, message: str) -> None:
@@ -312,3 +315,49 @@ def test_training_planes_are_tiles_of_the_whole_field_with_their_labels() -> Non
         for plane in find_planes(volume, [lesion], inputs, rng, planes=2):
             seen += any(f.kind is FindingKind.LESION for f in plane.findings)
     assert seen > 0  # the lesion, 180 mm from the field's edge, is seen in some tiles
+
+
+def test_context_planes_ride_with_each_plane_and_become_a_second_temporal_patch() -> None:
+    """With context_mm, a plane carries the windows of the planes nearest context_mm below and
+    above (clamped at the ends); its image has four frames, twice the tokens of a still one."""
+    from ingestion.geometry import Geometry
+    from ingestion.volume import Volume
+
+    planes = torch.arange(5, dtype=torch.float32).view(5, 1, 1, 1).expand(5, 2, 56, 56) / 10
+    context = with_context(planes, 2)  # (5, 6, 56, 56)
+    assert context.shape == (5, 6, 56, 56)
+    assert [round(float(context[k, 2, 0, 0]) * 10) for k in range(5)] == [0, 0, 0, 1, 2]
+    assert [round(float(context[k, 4, 0, 0]) * 10) for k in range(5)] == [2, 3, 4, 4, 4]
+    assert with_context(planes, 0) is planes
+    with pytest.raises(ValueError, match="offset"):
+        with_context(planes, -1)
+
+    inputs = FindInputs(pixel_mm=1.0, size=56, context_mm=4.0)
+    assert inputs.windows == 6 and inputs.context_planes(2.0) == 2
+    assert inputs.context_planes(5.0) == 1 and FindInputs().context_planes(2.0) == 0
+    with pytest.raises(ValueError, match=r"\(S, 6, H, W\) for context_mm 4"):
+        find_frames(planes, inputs)
+    images = find_frames(context, inputs)
+    assert images.shape == (5, 4, 3, 56, 56)
+    soft_below = context[:, 2, 0, 0]
+    assert torch.equal(images[:, 2, 0, 0, 0], soft_below)  # frame 2: the plane below
+    assert torch.equal(images[:, 3, 2, 0, 0], context[:, 5, 0, 0])  # frame 3: above, wide
+    _, still_grid = patchify_frames(find_frames(planes, FindInputs(size=56)))
+    _, grid = patchify_frames(images)
+    assert image_token_count(grid) == 2 * image_token_count(still_grid)
+
+    # training planes: the same layout, from the planes of the whole field
+    geometry = Geometry(
+        (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (2.0, 1.0, 1.0)
+    )
+    voxels = np.stack([np.full((60, 60), -100.0 + 40.0 * k, np.float32) for k in range(6)])
+    volume = Volume.in_memory(voxels, geometry)
+    prepared = prepare_find_field(volume, inputs)  # as find_planes prepares it
+    trained = find_planes(volume, [], inputs, np.random.default_rng(0))
+    assert len(trained) == 6
+    for k, plane in enumerate(trained):
+        assert plane.windows.shape == (6, 56, 56)
+        for slot, source in enumerate((k, max(0, k - 2), min(5, k + 2))):
+            expected = prepared.image[:, source, 10, 10].to(torch.float16)
+            assert torch.equal(plane.windows[2 * slot : 2 * slot + 2, 10, 10], expected)
+        assert plane.example(inputs).images.shape == (4, 3, 56, 56)

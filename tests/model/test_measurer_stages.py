@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
@@ -65,6 +66,7 @@ class FixedAnswers:
     options: InferenceOptions = field(default_factory=InferenceOptions)
     numeric_tokens: bool = False
     prompts: list[str] = field(default_factory=list)
+    images: list[torch.Tensor] = field(default_factory=list)  # find images, in prompt order
 
     @property
     def prompts_answered(self) -> int:
@@ -74,6 +76,8 @@ class FixedAnswers:
         out = []
         for example in examples:
             prompt = str(example.prompt)  # type: ignore[attr-defined]
+            if prompt.startswith("find "):
+                self.images.append(example.images)  # type: ignore[attr-defined]
             answer = self.answer(prompt, len(self.prompts))
             out.append(answer if isinstance(answer, Answer) else Answer(answer))
             self.prompts.append(prompt)
@@ -192,6 +196,27 @@ def test_one_kind_find_prompts_keep_only_the_kind_they_ask_for() -> None:
     assert len(both.prompts) == only_lesions.examined_planes
     with pytest.raises(ValueError, match="unknown finding kind 'tumour'"):
         InferenceOptions(find_prompts=(("tumour",),))
+
+
+def test_a_checkpoint_with_3d_context_sees_each_plane_with_its_neighbours() -> None:
+    """context_mm 4 on planes examined 2 mm apart: frames 2 and 3 of each find image are the
+    planes two below and two above (clamped at the ends)."""
+    voxels = np.stack([np.full((56, 56), -30.0 + 20.0 * k, np.float32) for k in range(8)])
+    geometry = Geometry(
+        (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (2.0, 1.0, 1.0)
+    )
+    model = FixedAnswers(lambda p, i: "none", options=InferenceOptions(find_voting=FindVoting()))
+    inputs = dataclasses.replace(FIND_INPUTS, context_mm=4.0)
+    model.settings = dataclasses.replace(model.settings, find_inputs=inputs)
+    state = find(model, StudyState(Volume.in_memory(voxels, geometry)))
+    assert state.examined_planes == 8 and len(model.images) == 8
+    assert all(image.shape == (4, 3, 56, 56) for image in model.images)
+    soft = [float(image[0, 0, 28, 28]) for image in model.images]  # frame 0: the plane
+    assert soft == sorted(soft) and len(set(soft)) == 8  # one HU level per plane
+    below = [float(image[2, 0, 28, 28]) for image in model.images]
+    above = [float(image[3, 0, 28, 28]) for image in model.images]
+    assert below == [soft[max(0, k - 2)] for k in range(8)]
+    assert above == [soft[min(7, k + 2)] for k in range(8)]
 
 
 def test_shifted_find_passes_are_shifted_back_and_voted() -> None:

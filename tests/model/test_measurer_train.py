@@ -4,6 +4,7 @@ gives the same weights, an interrupted run resumes to exactly the uninterrupted 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ from safetensors.torch import load_file
 from ingestion.errors import ConfigurationError
 from model.measurer.checkpoint import SETTINGS_NAME, load_checkpoint
 from model.measurer.data import MeasureInputs
+from model.measurer.find import FindInputs
+from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
+from model.measurer.stages import InferenceOptions, TraceEvent
 from model.measurer.train import (
     STATE_DIR,
     PoolSettings,
@@ -22,6 +26,7 @@ from model.measurer.train import (
     TrainConfig,
     train,
 )
+from model.measurer.voting import FindVoting
 
 from measurer_helpers import tiny_config
 
@@ -141,3 +146,28 @@ def test_a_run_can_start_from_a_trained_checkpoint(tmp_path: Path) -> None:
     xval = TrainConfig(**{**later.__dict__, "numeric_mode": "xval"})
     with pytest.raises(ConfigurationError, match="is a rned_corr model"):
         train(xval, tmp_path / "third", PhantomSource(1))
+
+
+def test_a_model_with_3d_find_context_trains_and_measures(tmp_path: Path) -> None:
+    """Find images of four frames (the plane, coordinates, the planes below and above) go
+    through training and the checkpoint's find stage on the real tiny model."""
+    config = tiny_config(
+        find_inputs=FindInputs(pixel_mm=3.0, size=112, context_mm=4.0),
+        stages=(Stage("a", 2, 1e-3, warmup_steps=1),),
+    )
+    reports: list[StepReport] = []
+    train(config, tmp_path / "m", PhantomSource(1), on_step=reports.append)
+    assert all(r.find_loss is not None and math.isfinite(r.find_loss) for r in reports)
+    measurer = CheckpointMeasurer.load(
+        tmp_path / "m", options=InferenceOptions(find_voting=FindVoting(), find_plane_mm=12.0)
+    )
+    assert measurer.settings.find_inputs.context_mm == 4.0
+    frames: list[int] = []
+
+    def seen(event: TraceEvent) -> None:
+        frames.append(event.state.examined_planes)
+
+    study = PhantomSource(1).study(0)
+    result = measurer.measure(study.volume, source="phantom", trace=seen)
+    assert frames[0] > 0  # the find stage examined planes with their context
+    assert result.model.name == measurer.settings.name
