@@ -312,7 +312,7 @@ def _batched_texts(
 def _find_answers(
     model: StageModel, windows: torch.Tensor, inputs: FindInputs, kinds: frozenset[FindingKind]
 ) -> tuple[list[list[FoundFinding]], int]:
-    """One find prompt for ``kinds`` per (P, 2, H, W) tile plane: the parsed boxes of those
+    """One find prompt for ``kinds`` per (P, C, H, W) tile plane: the parsed boxes of those
     kinds on each (none where the answer was malformed; a box of a kind not asked for is not
     the prompt's answer and is dropped) and how many answers were malformed."""
     limit = MAX_FIND_TOKENS if model.numeric_tokens else MAX_FIND_TOKENS_DIGITS
