@@ -23,6 +23,7 @@ from model.measurer.pool import (
     TrainingStudy,
     parse_sources,
 )
+from model.measurer.results import FindingKind
 from tests.measurer_helpers import TINY
 
 
@@ -65,9 +66,11 @@ def test_a_missing_image_is_named(dataset: Path, tmp_path: Path) -> None:
         source.study(0)
 
 
-def test_a_study_not_annotated_exhaustively_gives_no_find_planes_or_background(
+def test_a_study_annotated_for_one_kind_gives_find_planes_of_that_kind_and_no_background(
     dataset: Path,
 ) -> None:
+    """Find planes ask only for the kinds a study annotates exhaustively; background clicks
+    ("nothing here" of both kinds) need both; a study annotating neither gives no planes."""
     study = DatasetSource(dataset).study(0)
     lesion = next(f for f in study.findings if f.kind == "lesion")
     vessel_only = TrainingStudy(
@@ -106,10 +109,15 @@ def test_a_study_not_annotated_exhaustively_gives_no_find_planes_or_background(
     complete = pool(study)
     assert len(complete.planes) == 2 and len(complete.background) == 2
     partial = pool(vessel_only)
-    assert partial.planes == [] and partial.find_examples(4, np.random.default_rng(0)) == []
+    assert len(partial.planes) == 2 and all(p.kinds == {FindingKind.VESSEL} for p in partial.planes)
+    asked = partial.find_examples(4, np.random.default_rng(0))
+    assert {e.prompt for e in asked} == {"find vessels in the image"}
+    assert all("lesion" not in (e.answer or "") for e in asked)  # the lesion is not claimed
     # the one background patch is the reviewer's negative example, centred where it was
     assert [p.center_lps_mm for p in partial.background] == [lesion.center_lps_mm]
     assert len(partial.patches) == 1  # the vessel still trains the measure task
+    unannotated = pool(dataclasses.replace(vessel_only, annotated=()))
+    assert unannotated.planes == [] and unannotated.find_examples(4, np.random.default_rng(0)) == []
 
 
 class Recording:
