@@ -123,10 +123,12 @@ def measure_findings(
     examples: Sequence[MeasureExample],
     *,
     calibration: Calibration | None = None,
+    check: DecodeCheck | None = None,
     batch_size: int = 16,
     device: torch.device | str = "cpu",
 ) -> list[MeasureOutcome]:
-    """Measure every example (its ``answer`` is ignored), ``batch_size`` crops per forward."""
+    """Measure every example (its ``answer`` is ignored), ``batch_size`` crops per forward,
+    with the checkpoint's ``calibration`` and decode ``check`` applied."""
     outcomes: list[MeasureOutcome] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
@@ -136,7 +138,9 @@ def measure_findings(
         for example, answer in zip(chunk, answers, strict=True):
             parsed = parse_measure(answer.text, example.kind)
             outcomes.append(
-                outcome_for(example.kind, answer.text, calibration, parsed, answer.confidence)
+                outcome_for(
+                    example.kind, answer.text, calibration, parsed, answer.confidence, check
+                )
             )
     failed = sum(not o.parsed for o in outcomes)
     if failed:
@@ -152,10 +156,12 @@ def outcome_for(
     calibration: Calibration | None,
     parsed: ParsedMeasure,
     confidence: float | None = None,
+    check: DecodeCheck | None = None,
 ) -> MeasureOutcome:
-    """Measurements of a parsed answer for a finding of ``kind``: the values with their
-    calibrated ranges, or all "not measurable" with the parser's reason; ``confidence`` (the
-    answer's weakest decode) is kept on the outcome."""
+    """Measurements of a parsed answer for a finding of ``kind``: the values with the
+    checkpoint's calibration applied (:func:`calibrated`: ranges, or "not measurable" below
+    ``check``), or all "not measurable" with the parser's reason; ``confidence`` (the answer's
+    weakest decode) is kept on the outcome."""
     names = MEASUREMENTS_OF[kind]
     if not parsed.success:
         reason = f"malformed model answer {text!r}: {parsed.reason}"
@@ -163,12 +169,8 @@ def outcome_for(
             tuple(Measurement.not_measurable(n, reason) for n in names), text, False, confidence
         )
     values = sorted(parsed.values, reverse=True)  # lesion: (long, short); vessel: (diameter,)
-    out = []
-    for name, value in zip(names, values, strict=True):
-        interval = None if calibration is None else calibration.interval(name, value)
-        coverage = None if calibration is None or interval is None else calibration.coverage(name)
-        out.append(Measurement(name, value, interval, coverage))
-    return MeasureOutcome(tuple(out), text, True, confidence)
+    raw = tuple(Measurement(n, v) for n, v in zip(names, values, strict=True))
+    return calibrated(MeasureOutcome(raw, text, True, confidence), calibration, check)
 
 
 def calibrated(

@@ -33,7 +33,7 @@ from model.measurer.checkpoint import (
 )
 from model.measurer.data import Prompted, point_example
 from model.measurer.domain import check as check_domain
-from model.measurer.inference import Answer, calibrated, generate_answers, outcome_for
+from model.measurer.inference import Answer, generate_answers, outcome_for
 from model.measurer.results import (
     MEASUREMENTS_OF,
     Measurement,
@@ -250,9 +250,13 @@ class CheckpointMeasurer:
             kind = parsed.kind
             settings = self.loaded.settings
             as_measure = ParsedMeasure(parsed.values, True)
-            outcome = outcome_for(kind, text, None, as_measure, answer.confidence)
-            measurements = calibrated(
-                outcome, settings.calibration, settings.decode_check
+            measurements = outcome_for(
+                kind,
+                text,
+                settings.calibration,
+                as_measure,
+                answer.confidence,
+                settings.decode_check,
             ).measurements
         center = (point[0], point[1], point[2])
         return StudyFinding(1, kind, center, _source_slice(volume, center), measurements)
