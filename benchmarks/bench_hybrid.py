@@ -7,7 +7,9 @@ never saw them). Two tasks are scored:
 
 - **click**: ``measure_at`` at every true lesion's centre (the UI's click): the lesions >= 10 mm
   the point task names as a lesion, long- and short-axis MAE, and how often the 90 % ranges
-  cover the truth; a "none", a vessel or a malformed answer at a lesion counts as missed;
+  cover the truth; a "none", a vessel or a malformed answer at a lesion counts as missed; the
+  errors are also broken down by true long axis with their sign (a model that shrinks big
+  lesions and grows small ones shows it there);
 - **detection**: ``measure`` on the whole study, scored with ``evaluate.score_study`` (the
   matching rule of every evaluation): lesion recall >= 10 mm, false findings per study,
   vessels (from the background's masks) found and their diameter MAE.
@@ -43,6 +45,9 @@ from model.measurer.results import FindingKind
 logger = logging.getLogger("bench_hybrid")
 
 
+_SIZE_BINS = ((10.0, 20.0), (20.0, 40.0), (40.0, math.inf))
+
+
 def _mae(errors: list[float]) -> float:
     return statistics.fmean(errors) if errors else math.nan
 
@@ -72,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     covered = {"long_axis": 0, "short_axis": 0}
     ranged = {"long_axis": 0, "short_axis": 0}
     click_total = click_named = 0
+    clicks: list[dict[str, float]] = []  # every clicked lesion named a lesion with both values
     lesions = found = false = vessels = vessels_found = refused = 0
     diameter_errors: list[float] = []
     seconds: list[float] = []
@@ -92,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             if long.value_mm is None or short.value_mm is None:
                 continue
             click_named += 1
+            assert truth.long_axis_mm is not None and truth.short_axis_mm is not None
+            clicks.append(
+                {
+                    "study": index,
+                    "true_long_mm": truth.long_axis_mm,
+                    "true_short_mm": truth.short_axis_mm,
+                    "long_mm": long.value_mm,
+                    "short_mm": short.value_mm,
+                }
+            )
             for m, true in ((long, truth.long_axis_mm), (short, truth.short_axis_mm)):
                 assert true is not None and m.value_mm is not None
                 (click_long if m.name == "long_axis" else click_short).append(
@@ -141,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "vessel_diameter_mae_mm": _mae(diameter_errors),
         "seconds_per_study_median": statistics.median(seconds) if seconds else math.nan,
         "wall_s": time.perf_counter() - began,
+        "clicks": clicks,
     }
     rows = [
         ("click: lesions >= 10 mm named a lesion", f"{click_named}/{click_total}", ""),
@@ -165,8 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- model: {figures['model']} ({model_dir})")
     print(f"- held-out backgrounds: {', '.join(held_out)}; {args.n} studies, seed {args.seed}")
     print("\n| metric | value | target |\n|---|---|---|")
-    for name, value, target in rows:
-        print(f"| {name} | {value} | {target} |")
+    for name, cell, target in rows:
+        print(f"| {name} | {cell} | {target} |")
+    print(
+        "\nClicked lesions by true long axis (signed error = reported - true):\n\n"
+        "| true long axis | lesions | long: MAE / mean signed | short: MAE / mean signed |\n"
+        "|---|---|---|---|"
+    )
+    for low, high in _SIZE_BINS:
+        rows_in = [c for c in clicks if low <= c["true_long_mm"] < high]
+        if not rows_in:
+            continue
+        cells = []
+        for axis in ("long", "short"):
+            signed = [c[f"{axis}_mm"] - c[f"true_{axis}_mm"] for c in rows_in]
+            cells.append(
+                f"{_mae([abs(e) for e in signed]):.2f} / {statistics.fmean(signed):+.2f} mm"
+            )
+        print(f"| {low:g}-{high:g} mm | {len(rows_in)} | {cells[0]} | {cells[1]} |")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     return 0

@@ -88,6 +88,11 @@ def run_lines(index, path, run, last):
     stages = "; ".join(
         f"{st['name']}: {st['steps']} steps, lr {st['lr']:g}, trainable {st['trainable']}, "
         f"label sigma {st['sigma'][0]:g} -> {st['sigma'][1]:g} mm"
+        + (
+            " (batches " + ", ".join(f"{n} {task}" for task, n in st["batches"]) + ")"
+            if st.get("batches")
+            else ""
+        )
         for st in run["stages"]
     )
     start = "from scratch" if not run.get("init_from") else f"from `{run['init_from']}`"

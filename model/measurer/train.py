@@ -111,6 +111,10 @@ class Stage:
         trainable: ``all`` (from scratch), ``projector`` (vision merger, [NUM] row and head) or
             ``lora`` (LoRA adapters plus the projector; real checkpoints only).
         sigma: (start, end) label width (mm) of RNED's candidate softmax, linear over the stage.
+        batches: examples per step of the tasks named here (``measure``, ``find``, ``point``,
+            ``axes``) in this stage, in place of the run's; e.g. ``{"find": 4, "point": 32}``
+            spends a stage on the clicked measurement, whose images are a twentieth of a find
+            plane's. Stored as sorted ``(task, count)`` pairs.
     """
 
     name: str
@@ -119,6 +123,7 @@ class Stage:
     trainable: str = "all"
     sigma: tuple[float, float] = (3.0, 1.0)
     warmup_steps: int = 200
+    batches: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.steps < 0 or not (self.lr > 0):
@@ -126,6 +131,19 @@ class Stage:
         if self.trainable not in ("all", "projector", "lora"):
             raise ValueError(f"stage {self.name}: trainable must be all, projector or lora")
         object.__setattr__(self, "sigma", tuple(float(s) for s in self.sigma))
+        pairs = self.batches.items() if isinstance(self.batches, Mapping) else self.batches
+        batches = tuple(sorted((str(task), int(count)) for task, count in pairs))
+        for task, count in batches:
+            if task not in TASK_NAMES:
+                raise ValueError(
+                    f"stage {self.name}: unknown task {task!r} in batches; "
+                    f"tasks: {', '.join(TASK_NAMES)}"
+                )
+            if count < 0:
+                raise ValueError(f"stage {self.name}: batch of {task} must be >= 0, got {count}")
+        if len({task for task, _ in batches}) != len(batches):
+            raise ValueError(f"stage {self.name}: a task named twice in batches")
+        object.__setattr__(self, "batches", batches)
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,10 @@ class PoolSettings:
     near_background_fraction: float = 0.0  # background clicks beside a finding (data module)
     find_shift_px: int = 0  # find planes shifted by up to this many pixels (model.measurer.pool)
     scoped_find_fraction: float = 0.0  # planes of both kinds asked for one (model.measurer.pool)
+
+
+# the trained tasks, in the order a step draws them
+TASK_NAMES = ("measure", "find", "point", "axes")
 
 
 def _default_stages() -> tuple[Stage, ...]:
@@ -190,6 +212,15 @@ class TrainConfig:
         batches = (self.measure_batch, self.find_batch, self.point_batch, self.axes_batch)
         if min(batches) < 0 or not any(batches):
             raise ValueError("the batch sizes must be >= 0, not all 0")
+        for stage in self.stages:
+            counts = self.batches(stage)
+            if not any(counts.values()):
+                raise ValueError(f"stage {stage.name}: the batch sizes must not all be 0")
+            if counts["axes"] and not self.axes_batch:
+                # the pool and the checkpoint's task list follow the run's axes_batch
+                raise ValueError(
+                    f"stage {stage.name}: trains the axes task, which needs axes_batch > 0"
+                )
         prompts = tuple(tuple(str(k) for k in kinds) for kinds in self.find_prompts)
         object.__setattr__(self, "find_prompts", prompts)
         if not prompts:
@@ -239,6 +270,18 @@ class TrainConfig:
         }
         values.update(changes)
         return cls(**values)
+
+    def batches(self, stage: Stage) -> dict[str, int]:
+        """Examples per step of each task in ``stage``: the run's, overridden by the stage's."""
+        counts = dict(
+            zip(
+                TASK_NAMES,
+                (self.measure_batch, self.find_batch, self.point_batch, self.axes_batch),
+                strict=True,
+            )
+        )
+        counts.update(stage.batches)
+        return counts
 
     @property
     def total_steps(self) -> int:
@@ -489,7 +532,8 @@ def _settings(
         find_inputs=config.find_inputs,
         tasks=("find", "measure", "point", *(("axes",) if config.axes_batch else ())),
         # clicks anywhere on a finding train the point task to confirm off-centre candidates
-        verify_candidates=config.pool.click_fraction > 0 and config.point_batch > 0,
+        verify_candidates=config.pool.click_fraction > 0
+        and any(config.batches(stage)["point"] for stage in config.stages),
         find_voting=config.find_voting,
         find_prompts=config.find_prompts,
         head=head,
@@ -832,13 +876,15 @@ def _train_step(
     lambda_ = ramp(step)
     losses: dict[str, torch.Tensor] = {}
     report: dict[str, float] = {}
+    counts = config.batches(stage)
     draws = (
-        ("measure", config.measure_batch, run.pool.measure_examples),
-        ("find", config.find_batch, run.pool.find_examples),
-        ("point", config.point_batch, run.pool.point_examples),
-        ("axes", config.axes_batch, run.pool.axes_examples),
+        ("measure", run.pool.measure_examples),
+        ("find", run.pool.find_examples),
+        ("point", run.pool.point_examples),
+        ("axes", run.pool.axes_examples),
     )
-    for task, count, draw in draws:
+    for task, draw in draws:
+        count = counts[task]
         examples = draw(count, rng) if count else []
         if examples:
             loss, numeric = _task_loss(run, examples, lambda_)

@@ -80,6 +80,53 @@ def test_bad_configs(kwargs: dict, message: str) -> None:
         Stage("x", 1, 1e-3, trainable="some")
 
 
+def test_a_stage_overrides_the_batches_of_the_tasks_it_names() -> None:
+    click = Stage("click", 4, 1e-4, batches={"point": 6, "find": 0})
+    assert click.batches == (("find", 0), ("point", 6))  # sorted pairs, hashable and stored
+    config = TrainConfig(**{**CONFIG.__dict__, "stages": (Stage("a", 1, 1e-3), click)})
+    assert config.batches(config.stages[0]) == {"measure": 3, "find": 2, "point": 2, "axes": 1}
+    assert config.batches(click) == {"measure": 3, "find": 0, "point": 6, "axes": 1}
+    data = json.loads(json.dumps(config.to_json()))
+    assert TrainConfig.from_json(data) == config
+    # a hand-written config may give the batches as an object
+    data["stages"][1]["batches"] = {"point": 6, "find": 0}
+    assert TrainConfig.from_json(data) == config
+
+
+@pytest.mark.parametrize(
+    ("batches", "axes_batch", "message"),
+    [
+        ({"clicks": 4}, 1, "unknown task 'clicks'"),
+        ({"point": -1}, 1, "batch of point must be >= 0"),
+        ({"measure": 0, "find": 0, "point": 0, "axes": 0}, 1, "must not all be 0"),
+        ({"axes": 2}, 0, "needs axes_batch > 0"),
+    ],
+)
+def test_bad_stage_batches(batches: dict[str, int], axes_batch: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(stages=(Stage("s", 1, 1e-3, batches=batches),), axes_batch=axes_batch)
+
+
+def test_a_stage_without_find_examples_trains_the_other_tasks(tmp_path: Path) -> None:
+    config = TrainConfig(
+        **{
+            **CONFIG.__dict__,
+            "stages": (
+                Stage("all", 1, 1e-3, warmup_steps=1),
+                Stage("click", 2, 1e-4, warmup_steps=1, batches={"find": 0, "point": 3}),
+            ),
+        }
+    )
+    reports: list[StepReport] = []
+    train(config, tmp_path / "run", PhantomSource(1), on_step=reports.append)
+    assert [r.stage for r in reports] == ["all", "click", "click"]
+    assert reports[0].find_loss is not None
+    for r in reports[1:]:
+        assert r.find_loss is None and r.point_loss is not None
+        assert r.measure_loss is not None and r.axes_loss is not None
+        assert r.loss == pytest.approx(r.measure_loss + r.point_loss + r.axes_loss)
+
+
 def test_training_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:
     reports: list[StepReport] = []
     whole = train(CONFIG, tmp_path / "whole", PhantomSource(1), on_step=reports.append)
