@@ -322,6 +322,16 @@ def calibrate(
             "but this fraction of the decodes on the calibration studies.",
         ),
     ] = 0.01,
+    false_per_study: Annotated[
+        float,
+        typer.Option(
+            "--false-per-study",
+            min=0.0,
+            help="Detection operating point: leave out findings the model is less sure of "
+            "than the least sure one that keeps the false findings per calibration study "
+            "within this budget.",
+        ),
+    ] = 1.0,
 ) -> None:
     """Fit the calibrated ranges of a checkpoint on held-out studies (split conformal):
     phantoms by default, or a dataset.
@@ -331,14 +341,18 @@ def calibrate(
     MODEL_DIR/radcaliper.json with the MAE it rests on, and reports the empirical coverage. The
     same studies fit the weakest numeric decode the checkpoint reports as a number (the
     --decode-quantile of the reported values' decode confidences); a weaker one is "not
-    measurable" with the reason.
+    measurable" with the reason. They also fit the detection operating point: the least
+    presence (the model's probability that something is at a candidate) of a reported finding,
+    the lowest that keeps the false findings within --false-per-study.
     """
     import dataclasses
+    import math
 
     from ingestion.errors import RadcaliperError
     from model.measurer.calibration import fit_calibration, fit_decode_check
     from model.measurer.checkpoint import write_settings
-    from model.measurer.evaluate import calibration_pairs, evaluate
+    from model.measurer.evaluate import StudyOutcome, calibration_pairs, evaluate
+    from model.measurer.operating import detection_curve, fit_detection_threshold
     from model.measurer.pool import DatasetSource, FolderSource, PhantomSource, StudySource
     from model.measurer.results import MeasurementName
 
@@ -353,12 +367,20 @@ def calibrate(
     measurer = load_measurer(model_dir, calibrated=False)  # raw values, nothing refused
     last_stage = measurer.stages[-1].name if measurer.stages else None
     confidences: list[float | None] = []
+    reported_presences: list[float | None] = []  # the study being measured, in report order
+    presences: list[list[float | None]] = []  # per study scored
 
     def reported(event: TraceEvent) -> None:
         if event.stage == last_stage:
             confidences.extend(
                 c.outcome.confidence for c in event.state.candidates if c.outcome is not None
             )
+            reported_presences[:] = [c.presence for c in event.state.candidates]
+
+    def scored(outcome: StudyOutcome) -> None:
+        presences.append(list(reported_presences) if outcome.result is not None else [])
+        reported_presences.clear()
+        progress.advance(task)
 
     measurer.subscribe(reported)
     try:
@@ -376,11 +398,7 @@ def calibrate(
         raise typer.Exit(EXIT_NOTHING) from None
     with progress_display() as progress:
         task = progress.add_task("calibrating", total=count, status="")
-        evaluation = evaluate(
-            measurer,
-            (source.study(i) for i in range(count)),
-            on_study=lambda _: progress.advance(task),
-        )
+        evaluation = evaluate(measurer, (source.study(i) for i in range(count)), on_study=scored)
     pairs = calibration_pairs(evaluation.outcomes)
     measured = {name for name, _, _ in pairs}
     missing = sorted(m.value for m in MeasurementName if m.value not in measured)
@@ -396,8 +414,15 @@ def calibrate(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_NOTHING) from exc
     decode_check = fit_decode_check(confidences, decode_quantile)
+    detection = None
+    if any(p is not None for values in presences for p in values):
+        curve = detection_curve(evaluation.outcomes, presences)
+        detection = fit_detection_threshold(curve, false_per_study)
     settings = dataclasses.replace(
-        measurer.loaded.settings, calibration=calibration, decode_check=decode_check
+        measurer.loaded.settings,
+        calibration=calibration,
+        decode_check=decode_check,
+        detection=detection,
     )
     write_settings(model_dir, settings)
     table = Table(title=f"Calibration of {model_dir} on {count} studies")
@@ -424,6 +449,24 @@ def calibrate(
             f"Decode check: a value whose decode confidence is below "
             f"{decode_check.min_confidence:.3f} (the weakest {decode_quantile:.1%} of "
             f"{decode_check.n} reported values) is reported as not measurable"
+        )
+    if detection is None:
+        out.print(
+            "No detection operating point: this checkpoint does not verify its candidates "
+            "with the point task, or reported nothing on these studies"
+        )
+    else:
+        recall = (
+            "no lesion >= 10 mm"
+            if math.isnan(detection.fitted_recall)
+            else f"lesion recall (>= 10 mm) {detection.fitted_recall:.2f}"
+        )
+        within = detection.fitted_false_per_study <= false_per_study
+        out.print(
+            f"Detection operating point: a finding whose presence is below "
+            f"{detection.min_presence:.10g} is not reported; on these {detection.studies} "
+            f"studies {detection.fitted_false_per_study:.2f} false findings per study "
+            f"({'within' if within else 'over'} the budget of {false_per_study:g}), {recall}"
         )
 
 

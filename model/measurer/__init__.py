@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         DEFAULT_DECODE_QUANTILE,
         Calibration,
         DecodeCheck,
+        DetectionThreshold,
         IntervalRule,
         ScoreKind,
         fit_calibration,
@@ -123,6 +124,7 @@ if TYPE_CHECKING:
         GroupingRule,
         group_detections,
         merge_duplicates,
+        merge_groups,
         plane_detections,
     )
     from model.measurer.images import (
@@ -158,6 +160,12 @@ if TYPE_CHECKING:
         common_items,
         numeric_metrics,
         r_squared,
+    )
+    from model.measurer.operating import (
+        DEFAULT_FALSE_PER_STUDY,
+        OperatingPoint,
+        detection_curve,
+        fit_detection_threshold,
     )
     from model.measurer.pipeline import (
         CheckpointMeasurer,
@@ -208,6 +216,7 @@ if TYPE_CHECKING:
         stages_named,
     )
     from model.measurer.tasks import (
+        NONE_WORD,
         FoundFinding,
         MeasureAnswer,
         ParsedFind,
@@ -287,6 +296,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "DEFAULT_DECODE_QUANTILE",
         "Calibration",
         "DecodeCheck",
+        "DetectionThreshold",
         "IntervalRule",
         "ScoreKind",
         "fit_calibration",
@@ -372,6 +382,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "GroupingRule",
         "group_detections",
         "merge_duplicates",
+        "merge_groups",
         "plane_detections",
     ),
     "model.measurer.images": (
@@ -463,7 +474,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "StudyResult",
         "renumber",
     ),
+    "model.measurer.operating": (
+        "DEFAULT_FALSE_PER_STUDY",
+        "OperatingPoint",
+        "detection_curve",
+        "fit_detection_threshold",
+    ),
     "model.measurer.tasks": (
+        "NONE_WORD",
         "FoundFinding",
         "MeasureAnswer",
         "ParsedFind",
@@ -523,6 +541,7 @@ __all__ = [
     "CONFIGURATIONS",
     "DEFAULT_COVERAGE",
     "DEFAULT_DECODE_QUANTILE",
+    "DEFAULT_FALSE_PER_STUDY",
     "EOS",
     "IMAGE_MEAN",
     "IMAGE_PAD",
@@ -531,6 +550,7 @@ __all__ = [
     "LORA_TARGETS",
     "MEASUREMENTS_OF",
     "MERGE",
+    "NONE_WORD",
     "NOT_MEASURABLE",
     "NUM",
     "PAD",
@@ -562,6 +582,7 @@ __all__ = [
     "DatasetSource",
     "DecodeCheck",
     "Detection",
+    "DetectionThreshold",
     "Domain",
     "DomainCheck",
     "DomainContrast",
@@ -595,6 +616,7 @@ __all__ = [
     "ModelInfo",
     "NumericItem",
     "NumericMode",
+    "OperatingPoint",
     "ParsedAxes",
     "ParsedFind",
     "ParsedMeasure",
@@ -642,6 +664,7 @@ __all__ = [
     "crop_around",
     "default_checkpoint",
     "default_stages",
+    "detection_curve",
     "encode_example",
     "evaluate",
     "field_extent_mm",
@@ -656,6 +679,7 @@ __all__ = [
     "finding_patches",
     "fit_calibration",
     "fit_decode_check",
+    "fit_detection_threshold",
     "generate_answers",
     "group_detections",
     "image_token_count",
@@ -671,6 +695,7 @@ __all__ = [
     "measure_findings",
     "measure_prompt",
     "merge_duplicates",
+    "merge_groups",
     "merge_lora",
     "merge_tiles",
     "negative_patches",

@@ -23,6 +23,10 @@ conformal p-value is ``(1 + #{c_i <= c}) / (n + 1)``; it is rejected ("not measu
 is at most ``quantile``, i.e. when ``c < c_(k)``, ``k = floor(quantile (n + 1))``. Under
 exchangeability a validated-like answer is wrongly rejected with probability <= ``quantile``;
 an answer weaker than nearly every validated one is outside what was validated.
+
+They also fit the ``DetectionThreshold``: the presence (the point task's probability that
+something is at a candidate) below which a finding is not reported, chosen for a budget of
+false findings per study (``model.measurer.operating``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "DEFAULT_DECODE_QUANTILE",
     "Calibration",
     "DecodeCheck",
+    "DetectionThreshold",
     "IntervalRule",
     "ScoreKind",
     "fit_calibration",
@@ -198,6 +203,49 @@ class DecodeCheck:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DecodeCheck:
         return cls(float(data["min_confidence"]), float(data["quantile"]), int(data["n"]))
+
+
+@dataclass(frozen=True)
+class DetectionThreshold:
+    """A checkpoint's detection operating point (``model.measurer.operating``).
+
+    Args:
+        min_presence: a finding whose presence is below this is not reported.
+        false_per_study: the budget it was fitted for.
+        fitted_false_per_study: false findings per study at it on the calibration studies.
+        fitted_recall: lesions >= 10 mm found at it on the calibration studies (NaN: none).
+        studies: measured calibration studies it was fitted on.
+    """
+
+    min_presence: float
+    false_per_study: float
+    fitted_false_per_study: float
+    fitted_recall: float
+    studies: int
+
+    def accepts(self, presence: float | None) -> bool:
+        """Whether a finding of this presence is reported (None: not verified, not judged)."""
+        return presence is None or presence >= self.min_presence
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "min_presence": self.min_presence,
+            "false_per_study": self.false_per_study,
+            "fitted_false_per_study": self.fitted_false_per_study,
+            "fitted_recall": None if math.isnan(self.fitted_recall) else self.fitted_recall,
+            "studies": self.studies,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DetectionThreshold:
+        recall = data.get("fitted_recall")
+        return cls(
+            float(data["min_presence"]),
+            float(data["false_per_study"]),
+            float(data["fitted_false_per_study"]),
+            math.nan if recall is None else float(recall),
+            int(data["studies"]),
+        )
 
 
 def fit_decode_check(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ingestion.errors import ModelError
-from model.measurer.calibration import Calibration, DecodeCheck
+from model.measurer.calibration import Calibration, DecodeCheck, DetectionThreshold
 from model.measurer.data import MeasureInputs
 from model.measurer.domain import Domain
 from model.measurer.find import FindInputs
@@ -89,6 +89,8 @@ class MeasurerSettings:
     head: Mapping[str, Any] = field(default_factory=dict)  # codec / xVal constructor arguments
     calibration: Calibration | None = None
     decode_check: DecodeCheck | None = None  # the weakest decode reported as a number
+    # the least presence a reported finding has (model.measurer.operating); None: every one
+    detection: DetectionThreshold | None = None
     not_for_clinical_use: bool = True
     training: Mapping[str, Any] = field(default_factory=dict)  # command, seed, data: provenance
     # what it was trained and validated on; a radcaliper.json without one: Domain.legacy()
@@ -114,6 +116,7 @@ class MeasurerSettings:
             "head": dict(self.head),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "decode_check": None if self.decode_check is None else self.decode_check.to_json(),
+            "detection": None if self.detection is None else self.detection.to_json(),
             "not_for_clinical_use": self.not_for_clinical_use,
             "training": dict(self.training),
             "domain": self.domain.to_json(),
@@ -135,6 +138,7 @@ class MeasurerSettings:
                 find[key] = tuple(find[key])
         calibration = data.get("calibration")
         decode_check = data.get("decode_check")
+        detection = data.get("detection")
         domain = data.get("domain")
         return cls(
             name=str(data["name"]),
@@ -152,6 +156,7 @@ class MeasurerSettings:
             head=dict(data.get("head", {})),
             calibration=None if calibration is None else Calibration.from_json(calibration),
             decode_check=None if decode_check is None else DecodeCheck.from_json(decode_check),
+            detection=None if detection is None else DetectionThreshold.from_json(detection),
             not_for_clinical_use=bool(data.get("not_for_clinical_use", True)),
             training=dict(data.get("training", {})),
             domain=Domain.legacy() if domain is None else Domain.from_json(domain),

@@ -38,6 +38,7 @@ __all__ = [
     "GroupingRule",
     "group_detections",
     "merge_duplicates",
+    "merge_groups",
     "plane_detections",
 ]
 
@@ -169,9 +170,22 @@ def merge_duplicates(
 
     ``plane_spacing_mm``: distance between consecutive examined planes.
     """
+    return [finding for finding, _ in merge_groups(findings, plane_spacing_mm, rule)]
+
+
+def merge_groups(
+    findings: Sequence[GroupedFinding], plane_spacing_mm: float, rule: GroupingRule | None = None
+) -> list[tuple[GroupedFinding, tuple[int, ...]]]:
+    """:func:`merge_duplicates` with, for each merged finding, the indices into ``findings``
+    of the findings it is made of (ascending)."""
     rule = rule or GroupingRule()
     kept: list[GroupedFinding] = []
-    for finding in sorted(findings, key=lambda f: (-f.size_mm, -len(f.planes))):
+    members: list[list[int]] = []
+    order = sorted(
+        range(len(findings)), key=lambda i: (-findings[i].size_mm, -len(findings[i].planes))
+    )
+    for index in order:
+        finding = findings[index]
         for k, other in enumerate(kept):
             if other.kind is not finding.kind:
                 continue
@@ -184,7 +198,13 @@ def merge_duplicates(
             if np.hypot(dx, dy) <= reach and dz <= other.size_mm / 2 + 2 * plane_spacing_mm:
                 planes = tuple(sorted(set(other.planes) | set(finding.planes)))
                 kept[k] = GroupedFinding(other.kind, other.center_lps_mm, planes, other.size_mm)
+                members[k].append(index)
                 break
         else:
             kept.append(finding)
-    return sorted(kept, key=lambda f: (f.kind is not FindingKind.LESION, f.center_lps_mm[2]))
+            members.append([index])
+    merged = sorted(
+        zip(kept, members, strict=True),
+        key=lambda pair: (pair[0].kind is not FindingKind.LESION, pair[0].center_lps_mm[2]),
+    )
+    return [(finding, tuple(sorted(indices))) for finding, indices in merged]

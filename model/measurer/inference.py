@@ -57,11 +57,14 @@ class MeasureOutcome:
 
 @dataclass(frozen=True)
 class Answer:
-    """One generated answer: its text with the decoded numbers written out, and the decode
-    confidence of its weakest number (None: no numbers, or a head without such a measure)."""
+    """One generated answer: its text with the decoded numbers written out, the decode
+    confidence of its weakest number (None: no numbers, or a head without such a measure) and,
+    where asked for, the probability the model gave the asked opening token (e.g. ``none``) as
+    the first token of its answer."""
 
     text: str
     confidence: float | None = None
+    opening: float | None = None
 
 
 def _weakest(confidences: list[float]) -> float | None:
@@ -76,9 +79,13 @@ def generate_answers(
     *,
     max_new_tokens: int,
     device: torch.device | str = "cpu",
+    opening: str | None = None,
 ) -> list[Answer]:
-    """Greedy answers of ``examples`` (one batch, their ``answer`` ignored)."""
+    """Greedy answers of ``examples`` (one batch, their ``answer`` ignored); with ``opening``
+    (a word that is one token, e.g. ``"none"``), each answer's ``opening`` is the probability
+    the model gave that token as its first (``ValueError`` for a word of several tokens)."""
     ids = special_ids(tokenizer)
+    opening_id = None if opening is None else _one_token(tokenizer, opening)
     numeric = lm.numeric_head is not None
     prompts = [encode_example(_without_answer(e), tokenizer, numeric=numeric) for e in examples]
     batch = collate(prompts, ids["pad"])
@@ -94,16 +101,29 @@ def generate_answers(
             pixel_values=batch.pixel_values.to(device, dtype),
             image_grid_thw=batch.image_grid_thw.to(device),
         )
+    openings: list[float | None] = [None] * len(examples)
+    if opening_id is not None and generated.first_logits is not None:
+        # float64: a sure answer puts "none" far below float32's resolution of 1 - p
+        probabilities = generated.first_logits.double().softmax(dim=-1)[:, opening_id]  # (B,)
+        openings = [float(p) for p in probabilities.tolist()]
     answers = []
     for row in range(len(examples)):
         tokens = generated.new_tokens[row].tolist()
         text = str(tokenizer.decode(tokens, skip_special_tokens=True)).strip()
         if not numeric:
-            answers.append(Answer(text))
+            answers.append(Answer(text, opening=openings[row]))
             continue
         text = with_values(text, generated.values[row].tolist())
-        answers.append(Answer(text, _weakest(generated.confidences[row].tolist())))
+        confidence = _weakest(generated.confidences[row].tolist())
+        answers.append(Answer(text, confidence, openings[row]))
     return answers
+
+
+def _one_token(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
+    ids = tokenizer.encode(word, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"{word!r} is {len(ids)} tokens for this tokenizer, not one")
+    return int(ids[0])
 
 
 @dataclass(frozen=True)

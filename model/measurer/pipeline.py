@@ -138,9 +138,11 @@ class CheckpointMeasurer:
         """Prompts :meth:`generate` has answered since the measurer was made."""
         return self._answered
 
-    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[Answer]:
+    def generate(
+        self, examples: Sequence[Prompted], max_new_tokens: int, opening: str | None = None
+    ) -> list[Answer]:
         """Greedy answers of one batch of examples, numbers written out, with their weakest
-        decode confidence (``StageModel``)."""
+        decode confidence and the probability of the ``opening`` token (``StageModel``)."""
         self._answered += len(examples)
         return generate_answers(
             self.lm,
@@ -148,6 +150,7 @@ class CheckpointMeasurer:
             examples,
             max_new_tokens=max_new_tokens,
             device=self.device,
+            opening=opening,
         )
 
     @property

@@ -16,7 +16,8 @@ The stages, in their default order:
     malformed answer leaves its plane unsearched in that pass; it is counted in the warnings.
 ``verify``
     The point task at each candidate's centre (a crop at the measure scale): ``none`` drops the
-    candidate, a kind replaces the find step's. A malformed answer is no confirmation: the
+    candidate, a kind replaces the find step's, and the candidate keeps its presence (1 - the
+    probability the model gave ``none``). A malformed answer is no confirmation: the
     candidate is dropped and counted (never reported on the find step's word alone).
 ``recentre``
     The axes task at each candidate: its axial centre moves to the middle of the long axis
@@ -35,8 +36,10 @@ The stages, in their default order:
     One report per object (``model.measurer.dedupe``): stated on the model's own reports, not
     on HU levels.
 ``calibrate``
-    A value whose weakest number decoded below the checkpoint's ``DecodeCheck`` (fitted by
-    ``radcaliper calibrate``) becomes "not measurable" with the reason; the others get the
+    What ``radcaliper calibrate`` fitted: a finding whose presence (the verify stage's
+    probability that something is there) is below the checkpoint's ``DetectionThreshold``
+    is not reported (``model.measurer.operating``); a value whose weakest number decoded below
+    its ``DecodeCheck`` becomes "not measurable" with the reason; the others get the
     checkpoint's calibrated ranges (none, with a warning, for a checkpoint never calibrated).
 
 No stage reads HU thresholds: what a region is, is the model's answer.
@@ -48,7 +51,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -74,7 +77,7 @@ from model.measurer.grouping import (
     GroupedFinding,
     GroupingRule,
     group_detections,
-    merge_duplicates,
+    merge_groups,
     plane_detections,
 )
 from model.measurer.inference import (
@@ -87,6 +90,7 @@ from model.measurer.inference import (
 from model.measurer.planes import best_plane, search_points
 from model.measurer.results import FindingKind, Segment3
 from model.measurer.tasks import (
+    NONE_WORD,
     FoundFinding,
     find_kinds,
     find_prompt,
@@ -193,6 +197,9 @@ class Candidate:
     found: GroupedFinding
     outcome: MeasureOutcome | None = None
     axes: tuple[Segment3, ...] | None = None
+    # the point task's probability that something is there (1 - P("none") at the verify
+    # stage's click); None before verify or without it
+    presence: float | None = None
 
     def moved(self, center_lps_mm: tuple[float, float, float]) -> Candidate:
         return dataclasses.replace(
@@ -243,9 +250,12 @@ class StageModel(Protocol):
         """How many prompts :meth:`generate` has answered so far (for the trace)."""
         ...
 
-    def generate(self, examples: Sequence[Prompted], max_new_tokens: int) -> list[Answer]:
+    def generate(
+        self, examples: Sequence[Prompted], max_new_tokens: int, opening: str | None = None
+    ) -> list[Answer]:
         """Greedy answers of one batch of examples, numbers written out, each with the decode
-        confidence of its weakest number."""
+        confidence of its weakest number and, with ``opening`` (one token), the probability
+        the model gave it as the answer's first token."""
         ...
 
 
@@ -295,11 +305,15 @@ def run_stages(
 
 
 def _batched(
-    model: StageModel, examples: Sequence[Prompted], max_new_tokens: int, batch: int
+    model: StageModel,
+    examples: Sequence[Prompted],
+    max_new_tokens: int,
+    batch: int,
+    opening: str | None = None,
 ) -> list[Answer]:
     answers: list[Answer] = []
     for start in range(0, len(examples), batch):
-        answers += model.generate(examples[start : start + batch], max_new_tokens)
+        answers += model.generate(examples[start : start + batch], max_new_tokens, opening)
     return answers
 
 
@@ -387,27 +401,35 @@ def find(model: StageModel, state: StudyState) -> StudyState:
     )
 
 
-def _point_texts(model: StageModel, volume: Volume, candidates: Sequence[Candidate]) -> list[str]:
+def _point_answers(
+    model: StageModel, volume: Volume, candidates: Sequence[Candidate]
+) -> list[Answer]:
     inputs = model.settings.measure_inputs
     examples = [point_example(volume, c.found.center_lps_mm, inputs) for c in candidates]
-    return _batched_texts(model, examples, MAX_POINT_TOKENS, model.options.measure_batch)
+    return _batched(
+        model, examples, MAX_POINT_TOKENS, model.options.measure_batch, opening=NONE_WORD
+    )
 
 
 def verify(model: StageModel, state: StudyState) -> StudyState:
-    """Keep the candidates the point task names at their centres, with its kind (module doc)."""
+    """Keep the candidates the point task names at their centres, with its kind and presence
+    (module doc)."""
     if not state.candidates:
         return state
     kept, malformed = [], 0
-    for candidate, text in zip(
-        state.candidates, _point_texts(model, state.volume, state.candidates), strict=True
+    for candidate, answer in zip(
+        state.candidates, _point_answers(model, state.volume, state.candidates), strict=True
     ):
-        parsed = parse_point(text)
+        parsed = parse_point(answer.text)
         if not parsed.success:
             malformed += 1
         elif parsed.kind is not None:
+            presence = None if answer.opening is None else 1.0 - answer.opening
             kept.append(
                 dataclasses.replace(
-                    candidate, found=dataclasses.replace(candidate.found, kind=parsed.kind)
+                    candidate,
+                    found=dataclasses.replace(candidate.found, kind=parsed.kind),
+                    presence=presence,
                 )
             )
     warnings: tuple[str, ...] = ()
@@ -477,12 +499,21 @@ def recentre(model: StageModel, state: StudyState) -> StudyState:
 
 
 def merge(model: StageModel, state: StudyState) -> StudyState:
-    """Candidates of one kind split along z become one (``grouping.merge_duplicates``). It
-    runs before ``measure``: candidates come out unmeasured."""
-    merged = merge_duplicates(
-        [c.found for c in state.candidates], state.plane_spacing_mm or 1.0, model.options.grouping
+    """Candidates of one kind split along z become one (``grouping.merge_duplicates``), as
+    sure as the surest of them. It runs before ``measure``: candidates come out unmeasured."""
+    candidates = state.candidates
+    merged = merge_groups(
+        [c.found for c in candidates], state.plane_spacing_mm or 1.0, model.options.grouping
     )
-    return state.with_candidates([Candidate(g) for g in merged])
+    return state.with_candidates(
+        [Candidate(g, presence=_strongest(candidates[i].presence for i in m)) for g, m in merged]
+    )
+
+
+def _strongest(presences: Iterable[float | None]) -> float | None:
+    """The presence of candidates merged into one: the surest of them (None: none verified)."""
+    known = [p for p in presences if p is not None]
+    return max(known) if known else None
 
 
 def measure(model: StageModel, state: StudyState) -> StudyState:
@@ -546,14 +577,18 @@ def dedupe(model: StageModel, state: StudyState) -> StudyState:
 
 
 def calibrate(model: StageModel, state: StudyState) -> StudyState:
-    """What the checkpoint's calibration knows (``inference.calibrated``): a value whose
-    decode is weaker than its ``DecodeCheck`` becomes "not measurable" with the reason, the
+    """What the checkpoint's calibration knows: a finding below its detection operating point
+    (``DetectionThreshold``) is not reported; a value whose decode is weaker than its
+    ``DecodeCheck`` becomes "not measurable" with the reason (``inference.calibrated``), the
     rest get calibrated ranges."""
-    calibration, check = model.settings.calibration, model.settings.decode_check
-    if calibration is None and check is None:
+    settings = model.settings
+    calibration, check, detection = settings.calibration, settings.decode_check, settings.detection
+    if calibration is None and check is None and detection is None:
         return state
     out, weak = [], 0
     for candidate in state.candidates:
+        if detection is not None and not detection.accepts(candidate.presence):
+            continue
         outcome = candidate.outcome
         if outcome is not None:
             weak += outcome.parsed and check is not None and not check.accepts(outcome.confidence)

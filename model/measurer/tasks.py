@@ -67,6 +67,7 @@ from model.numeric.text import (
 )
 
 __all__ = [
+    "NONE_WORD",
     "FoundFinding",
     "MeasureAnswer",
     "ParsedFind",
@@ -87,7 +88,8 @@ __all__ = [
 
 _Box = tuple[float, float, float, float]
 
-_NONE = "none"
+NONE_WORD = "none"  # the whole answer when there is nothing (a point, a find plane)
+_NONE = NONE_WORD
 _END = "end"
 _SEPARATOR = ";"
 _MAX_VALUE = 3000.0  # the range every number of the task language is written and read in

@@ -46,6 +46,9 @@ class NumericGeneration:
     num_values: torch.Tensor  # (N,) float64 every [NUM] value of `sequences`, row-major
     logits: torch.Tensor | None  # (B, T, V) float32 raw model logits per step, if asked
     prompt_length: int  # P
+    # (B, V) float32 raw logits of the first generated token (the prefill's last position):
+    # how sure the model is of how its answer opens, e.g. "none" against a finding's kind
+    first_logits: torch.Tensor | None = None
 
     @property
     def new_tokens(self) -> torch.Tensor:
@@ -122,6 +125,7 @@ def generate_numeric(
     )
     step_logits = logits[:, -1].float()  # (B, V)
     step_hidden = hidden[:, -1]  # (B, D) lm_head input that produced step_logits
+    first_logits = step_logits
 
     sequences, mask = input_ids, attention_mask.long()
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
@@ -195,6 +199,7 @@ def generate_numeric(
         num_values=torch.cat(flat),
         logits=torch.stack(all_logits, dim=1) if output_logits else None,
         prompt_length=prompt_length,
+        first_logits=first_logits,
     )
 
 

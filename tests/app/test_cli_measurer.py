@@ -120,10 +120,27 @@ def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
     for path in default_checkpoint().iterdir():
         (model / path.name).write_bytes(path.read_bytes())
     result = runner.invoke(
-        app, ["calibrate", str(model), "--n", "20", "--seed", "555", "--decode-quantile", "0.05"]
+        app,
+        [
+            "calibrate",
+            str(model),
+            "--n",
+            "20",
+            "--seed",
+            "555",
+            "--decode-quantile",
+            "0.05",
+            "--false-per-study",
+            "0.5",
+        ],
     )
     assert result.exit_code == 0, result.output
     settings = json.loads((model / SETTINGS_NAME).read_text())
+    detection = settings["detection"]  # the demo verifies candidates: an operating point
+    assert detection["false_per_study"] == 0.5 and detection["studies"] == 20
+    assert 0.0 <= detection["min_presence"] <= 1.0
+    assert detection["fitted_false_per_study"] <= 0.5
+    assert f"below {detection['min_presence']:.10g} is not reported" in result.stdout
     check = settings["decode_check"]  # the weakest decode it reports as a number
     assert check["quantile"] == 0.05 and check["n"] >= 19 and -1 <= check["min_confidence"] < 1
     assert f"below {check['min_confidence']:.3f}" in result.stdout

@@ -28,6 +28,7 @@ from model.measurer.grouping import (
     GroupingRule,
     group_detections,
     merge_duplicates,
+    merge_groups,
     plane_detections,
 )
 from model.measurer.images import image_token_count, patchify_frames
@@ -250,6 +251,10 @@ def test_findings_split_along_z_merge_into_the_larger_one() -> None:
     ]
     assert merged[0].planes == (3, 4, 5, 9, 10) and merged[0].size_mm == 40.0
     assert merge_duplicates([], 2.0) == []
+    # merge_groups says which inputs each merged finding is made of
+    groups = merge_groups([split, big, far_z, beside, other_kind], plane_spacing_mm=2.0)
+    assert [g for g, _ in groups] == merged
+    assert [m for _, m in groups] == [(0, 1), (3,), (2,), (4,)]
 
 
 def test_a_shifted_plane_moves_its_content_and_its_boxes(phantom: Phantom) -> None:

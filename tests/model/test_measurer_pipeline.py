@@ -7,17 +7,20 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
 from ingestion.volume import Modality, Volume
 from model.measurer.checkpoint import default_checkpoint
-from model.measurer.data import phantom_volume
+from model.measurer.data import collate, encode_example, phantom_volume, point_example
 from model.measurer.evaluate import match_findings
 from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
 from model.measurer.protocol import Measurer
 from model.measurer.results import NOT_MEASURABLE
+from model.measurer.tasks import NONE_WORD
+from model.measurer.tokenizer import special_ids
 from model.measurer.train import Stage, train
 
 from measurer_helpers import tiny_config
@@ -104,6 +107,41 @@ def test_a_click_gives_a_finding_none_or_a_clear_error(
         assert "malformed" in str(error)
     else:
         assert found is None or found.id == 1
+
+
+def test_the_opening_probability_is_the_model_s_own_first_token_probability(
+    tiny: CheckpointMeasurer, volume: Volume
+) -> None:
+    """generate(..., opening="none") gives each answer the softmax probability of "none" at
+    its first step: the same as a full forward of the prompt."""
+    inputs = tiny.loaded.settings.measure_inputs
+    center = (0.0, 0.0, float(volume.geometry.origin[2]))
+    examples = [
+        point_example(volume, center, inputs),
+        point_example(volume, (20.0, 0.0, center[2]), inputs),
+    ]
+    answers = tiny.generate(examples, 4, opening=NONE_WORD)
+    plain = tiny.generate(examples, 4)
+    assert [a.text for a in answers] == [a.text for a in plain]
+    assert all(a.opening is None for a in plain)
+    tokenizer = tiny.loaded.tokenizer
+    (none_id,) = tokenizer.encode(NONE_WORD, add_special_tokens=False)
+    for example, answer in zip(examples, answers, strict=True):
+        batch = collate(
+            [encode_example(example, tokenizer, numeric=True)], special_ids(tokenizer)["pad"]
+        )
+        with torch.no_grad():
+            logits = tiny.lm(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.num_values,
+                pixel_values=batch.pixel_values,
+                image_grid_thw=batch.image_grid_thw,
+            ).logits
+        expected = float(logits[0, -1].float().softmax(-1)[none_id])
+        assert answer.opening == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="not one"):
+        tiny.generate(examples[:1], 2, opening="lesion none")
 
 
 DEMO = default_checkpoint()

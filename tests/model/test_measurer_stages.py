@@ -18,7 +18,7 @@ import torch
 
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
-from model.measurer.calibration import DecodeCheck, fit_calibration
+from model.measurer.calibration import DecodeCheck, DetectionThreshold, fit_calibration
 from model.measurer.checkpoint import MeasurerSettings, NumericMode
 from model.measurer.dedupe import one_report_per_object
 from model.measurer.find import FindInputs
@@ -35,6 +35,7 @@ from model.measurer.stages import (
     default_stages,
     find,
     measure,
+    merge,
     recentre,
     run_stages,
     stages_named,
@@ -67,12 +68,16 @@ class FixedAnswers:
     numeric_tokens: bool = False
     prompts: list[str] = field(default_factory=list)
     images: list[torch.Tensor] = field(default_factory=list)  # find images, in prompt order
+    openings: list[str | None] = field(default_factory=list)  # the opening asked, per batch
 
     @property
     def prompts_answered(self) -> int:
         return len(self.prompts)
 
-    def generate(self, examples: Sequence[object], max_new_tokens: int) -> list[Answer]:
+    def generate(
+        self, examples: Sequence[object], max_new_tokens: int, opening: str | None = None
+    ) -> list[Answer]:
+        self.openings.append(opening)
         out = []
         for example in examples:
             prompt = str(example.prompt)  # type: ignore[attr-defined]
@@ -265,6 +270,60 @@ def test_verification_keeps_only_what_the_point_task_names() -> None:
         "1 of 3 point answers were malformed; those candidates were not confirmed and are not "
         "reported",
     )
+
+
+def test_verification_keeps_the_model_s_presence_of_each_confirmed_candidate() -> None:
+    """The verify stage asks how probable "none" is; a confirmed candidate keeps 1 - that."""
+    candidates = tuple(
+        Candidate(GroupedFinding(LESION, (x, 0.0, 4.0), (0, 1), 20.0)) for x in (10.0, 20.0, 30.0)
+    )
+    replies = iter(
+        [
+            Answer("lesion 12 x 8 mm", opening=0.25),
+            Answer("none", opening=0.75),
+            Answer("vessel 9 mm"),
+        ]
+    )
+    model = FixedAnswers(lambda prompt, i: next(replies))
+    state = verify(model, StudyState(_volume(), candidates))
+    assert set(model.openings) == {"none"}
+    assert [(c.found.kind, c.presence) for c in state.candidates] == [
+        (LESION, 0.75),
+        (VESSEL, None),  # no probability given: no presence
+    ]
+    assert all(c.presence is None for c in candidates)  # before verify
+
+
+def test_the_calibrate_stage_leaves_out_findings_below_the_detection_operating_point() -> None:
+    threshold = DetectionThreshold(0.6, 1.0, 0.9, 0.5, 20)
+    found = GroupedFinding(LESION, (0.0, 0.0, 0.0), (0,), 20.0)
+    candidates = tuple(
+        Candidate(found, _outcome(20.0, 10.0), presence=p) for p in (0.95, 0.59, 0.6, None)
+    )
+    model = FixedAnswers(lambda p, i: "none")
+    state = StudyState(_volume(), candidates)
+    assert calibrate(model, state).candidates == candidates  # no operating point: all reported
+    model.settings = dataclasses.replace(model.settings, detection=threshold)
+    kept = calibrate(model, state).candidates
+    assert [c.presence for c in kept] == [0.95, 0.6, None]  # not verified: not judged
+    assert threshold.accepts(0.6) and not threshold.accepts(0.5999) and threshold.accepts(None)
+
+
+def test_candidates_merged_into_one_are_as_sure_as_the_surest() -> None:
+    big = GroupedFinding(LESION, (0.0, 0.0, 0.0), (3, 4, 5), 40.0)
+    split = GroupedFinding(LESION, (2.0, 1.0, 12.0), (9, 10), 30.0)  # the same lesion
+    apart = GroupedFinding(LESION, (60.0, 0.0, 0.0), (4,), 20.0)
+    state = StudyState(
+        _volume(),
+        (Candidate(big, presence=0.6), Candidate(split, presence=0.9), Candidate(apart)),
+        8,
+        2.0,
+    )
+    merged = merge(FixedAnswers(lambda p, i: "none"), state).candidates
+    assert [(c.found.center_lps_mm, c.presence) for c in merged] == [
+        ((0.0, 0.0, 0.0), 0.9),
+        ((60.0, 0.0, 0.0), None),
+    ]
 
 
 def test_recentring_moves_a_candidate_to_the_middle_of_its_long_axis() -> None:

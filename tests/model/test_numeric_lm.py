@@ -227,6 +227,9 @@ def test_incremental_generation_matches_one_full_forward(
         output_logits=True,
         **vision,
     )
+    # the first step's logits are kept whether or not every step's are asked for
+    assert gen.first_logits is not None and gen.logits is not None
+    assert torch.equal(gen.first_logits, gen.logits[:, 0])
     # the feedback path ran: [NUM] at the forced steps, one value each; row 2 stopped at EOS
     assert [(row == NUM).nonzero().flatten().tolist() for row in gen.new_tokens] == NUM_STEPS
     assert [len(v) for v in gen.values] == [len(s) for s in NUM_STEPS]
