@@ -139,7 +139,8 @@ def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
     detection = settings["detection"]  # the demo verifies candidates: an operating point
     assert detection["false_per_study"] == 0.5 and detection["studies"] == 20
     assert 0.0 <= detection["min_presence"] <= 1.0
-    assert detection["fitted_false_per_study"] <= 0.5
+    within = detection["fitted_false_per_study"] <= 0.5  # else the fewest false findings
+    assert ("within the budget" if within else "over the budget") in result.stdout
     assert f"below {detection['min_presence']:.10g} is not reported" in result.stdout
     check = settings["decode_check"]  # the weakest decode it reports as a number
     assert check["quantile"] == 0.05 and check["n"] >= 19 and -1 <= check["min_confidence"] < 1
