@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from ingestion.dataset.format import DatasetFinding
 from ingestion.errors import ModelError
 from model.measurer.checkpoint import default_checkpoint
 from model.measurer.evaluate import StudyOutcome, score_study
@@ -58,6 +59,26 @@ def _mae(errors: list[float]) -> float:
     return statistics.fmean(errors) if errors else math.nan
 
 
+def _tissue(name: str) -> str:
+    """The tissue of an inserted lesion from its name ("synthetic lesion (lung, ...)"), else
+    "real" (a lesion annotated in the background itself)."""
+    prefix = "synthetic lesion ("
+    if name.startswith(prefix):
+        return name[len(prefix) :].split(",")[0]
+    return "real"
+
+
+def _print_click_row(label: str, rows_in: list[dict[str, float | int | str]]) -> None:
+    """One markdown row: clicks, and MAE / mean signed error of each axis."""
+    if not rows_in:
+        return
+    cells = []
+    for axis in ("long", "short"):
+        signed = [float(c[f"{axis}_mm"]) - float(c[f"true_{axis}_mm"]) for c in rows_in]
+        cells.append(f"{_mae([abs(e) for e in signed]):.2f} / {statistics.fmean(signed):+.2f} mm")
+    print(f"| {label} | {len(rows_in)} | {cells[0]} | {cells[1]} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: demo)")
@@ -67,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--shared", type=Path, default=None, help="the shared data folder")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--tasks",
+        choices=("click", "detection", "both"),
+        default="both",
+        help="score the click, the whole-study detection, or both (default)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.threads:
@@ -98,14 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     covered = {"long_axis": 0, "short_axis": 0}
     ranged = {"long_axis": 0, "short_axis": 0}
     click_total = click_named = 0
-    clicks: list[dict[str, float]] = []  # every clicked lesion named a lesion with both values
+    clicks: list[
+        dict[str, float | int | str]
+    ] = []  # every clicked lesion named a lesion with both values
     lesions = found = false = vessels = vessels_found = refused = 0
     diameter_errors: list[float] = []
     seconds: list[float] = []
     began = time.perf_counter()
+    clicking = args.tasks in ("click", "both")
+    detecting = args.tasks in ("detection", "both")
     for index in range(args.n):
         study = source.study(index)
-        for truth in study.findings:
+        for truth in study.findings if clicking else ():
             if truth.kind != "lesion" or (truth.long_axis_mm or 0.0) < 10.0:
                 continue
             click_total += 1
@@ -123,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             clicks.append(
                 {
                     "study": index,
+                    "tissue": _tissue(truth.name if isinstance(truth, DatasetFinding) else ""),
                     "true_long_mm": truth.long_axis_mm,
                     "true_short_mm": truth.short_axis_mm,
                     "long_mm": long.value_mm,
@@ -137,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                 if m.range_mm is not None:
                     ranged[str(m.name)] += 1
                     covered[str(m.name)] += m.range_mm[0] <= true <= m.range_mm[1]
+        if not detecting:
+            print(f"  {index + 1}/{args.n} studies (click)", file=sys.stderr)
+            continue
         pending.clear()
         outcome = score_study(study, measurer)
         outcomes.append(outcome)
@@ -220,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{figures['click_coverage_long']:.3f} / {figures['click_coverage_short']:.3f}",
             "0.88-0.92",
         ),
+    ]
+    detection_rows = [
         ("detection, every verified report: lesion recall >= 10 mm", f"{found}/{lesions}", ""),
         (
             "detection, every verified report: false findings per study",
@@ -231,13 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         ("seconds per study (median)", f"{figures['seconds_per_study_median']:.1f} s", ""),
         ("studies refused", f"{refused}/{args.n}", ""),
     ]
+    if detecting:
+        rows += detection_rows
     print(f"\n- command: `python benchmarks/bench_hybrid.py {' '.join(argv or sys.argv[1:])}`")
     print(f"- model: {figures['model']} ({model_dir})")
     print(f"- held-out backgrounds: {', '.join(held_out)}; {args.n} studies, seed {args.seed}")
     print("\n| metric | value | target |\n|---|---|---|")
     for name, cell, target in rows:
         print(f"| {name} | {cell} | {target} |")
-    if at_operating is not None and operating is not None:
+    if detecting and at_operating is not None and operating is not None:
         print(
             f"\nAt the checkpoint's operating point (presence >= {operating.min_presence:.10g}, "
             f"fitted for {operating.false_per_study:g} false findings per study): lesion recall "
@@ -245,37 +284,39 @@ def main(argv: list[str] | None = None) -> int:
             f"{at_operating.false_per_study:.2f} false findings per study (target <= 1.0), "
             f"vessels {at_operating.vessels_found}/{at_operating.vessels}"
         )
-    print(
-        "\nDetection curve (the best lesion recall within each budget of false findings per "
-        "study, over presence thresholds):\n\n"
-        "| false findings per study at most | presence threshold (1 - P(none)) | "
-        "lesion recall >= 10 mm | "
-        "false per study | vessels found |\n|---|---|---|---|---|"
-    )
-    for budget, p in froc:
-        if p is None:
-            print(f"| {budget:g} | - | - | - | - |")
-        else:
-            print(
-                f"| {budget:g} | {p.threshold:.10g} | {p.lesions_found}/{p.lesions} | "
-                f"{p.false_per_study:.2f} | {p.vessels_found}/{p.vessels} |"
-            )
+    if detecting:
+        print(
+            "\nDetection curve (the best lesion recall within each budget of false findings per "
+            "study, over presence thresholds):\n\n"
+            "| false findings per study at most | presence threshold (1 - P(none)) | "
+            "lesion recall >= 10 mm | "
+            "false per study | vessels found |\n|---|---|---|---|---|"
+        )
+        for budget, p in froc:
+            if p is None:
+                print(f"| {budget:g} | - | - | - | - |")
+            else:
+                print(
+                    f"| {budget:g} | {p.threshold:.10g} | {p.lesions_found}/{p.lesions} | "
+                    f"{p.false_per_study:.2f} | {p.vessels_found}/{p.vessels} |"
+                )
     print(
         "\nClicked lesions by true long axis (signed error = reported - true):\n\n"
         "| true long axis | lesions | long: MAE / mean signed | short: MAE / mean signed |\n"
         "|---|---|---|---|"
     )
     for low, high in _SIZE_BINS:
-        rows_in = [c for c in clicks if low <= c["true_long_mm"] < high]
-        if not rows_in:
-            continue
-        cells = []
-        for axis in ("long", "short"):
-            signed = [c[f"{axis}_mm"] - c[f"true_{axis}_mm"] for c in rows_in]
-            cells.append(
-                f"{_mae([abs(e) for e in signed]):.2f} / {statistics.fmean(signed):+.2f} mm"
-            )
-        print(f"| {low:g}-{high:g} mm | {len(rows_in)} | {cells[0]} | {cells[1]} |")
+        _print_click_row(
+            f"{low:g}-{high:g} mm", [c for c in clicks if low <= float(c["true_long_mm"]) < high]
+        )
+    print(
+        '\nClicked lesions by tissue (where the lesion was inserted; "real": the background\'s '
+        "own annotated lesion):\n\n"
+        "| tissue | lesions | long: MAE / mean signed | short: MAE / mean signed |\n"
+        "|---|---|---|---|"
+    )
+    for tissue in sorted({str(c["tissue"]) for c in clicks}):
+        _print_click_row(tissue, [c for c in clicks if c["tissue"] == tissue])
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     return 0
