@@ -145,6 +145,7 @@ if TYPE_CHECKING:
         image_token_count,
         patchify,
         patchify_frames,
+        two_window_channels,
     )
     from model.measurer.inference import (
         Answer,
@@ -403,6 +404,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "image_token_count",
         "patchify",
         "patchify_frames",
+        "two_window_channels",
     ),
     "model.measurer.inference": (
         "Answer",
@@ -736,6 +738,7 @@ __all__ = [
     "tile_starts",
     "train",
     "truth_segments",
+    "two_window_channels",
     "unshift_findings",
     "vote_boxes",
     "with_context",

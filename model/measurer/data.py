@@ -35,6 +35,7 @@ from model.measurer.images import (
     crop_around,
     image_token_count,
     patchify_frames,
+    two_window_channels,
 )
 from model.measurer.results import FindingKind
 from model.measurer.tasks import measure_answer, measure_prompt, point_answer, point_prompt
@@ -80,7 +81,12 @@ class MeasureInputs:
         pixel_mm: mm per crop pixel, so that the numbers the model says are mm.
         size: crop side in pixels (multiple of 28); ``size * pixel_mm`` must hold the largest
             finding (60 mm lesions, 45 mm vessels in the phantom spec).
-        window: (level, width) HU window of the crop's one intensity channel.
+        window: (level, width) HU window of the crop's (first) intensity channel.
+        second_window: None, or a second (level, width) HU window, given to the model as the
+            third channel: ``(w, 1 - w, w2)`` (``images.two_window_channels``, the find
+            image's encoding). One window cannot show every tissue: a solid lung nodule's
+            partial-volume rim (-600..-100 HU) is black in a soft-tissue window, while a lung
+            window flattens a hypodense liver lesion. Needs ``contrast``.
         frames: axial planes in the crop (1: the finding's slice only), ``slice_mm`` apart.
         slice_mm: distance between frames; None: the volume's own slice spacing.
         contrast: encode the window as ``(w, 1 - w, 0.5)`` (``images.contrast_channels``; for a
@@ -99,8 +105,25 @@ class MeasureInputs:
     contrast: bool = True
     jitter_mm: float = 4.0
     jitter_z_mm: float = 0.0
+    second_window: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
+        windows = [("window", self.window)]
+        if self.second_window is not None:
+            windows.append(("second_window", self.second_window))
+            if not self.contrast:
+                raise ValueError(
+                    "second_window needs contrast (the channels are (w, 1 - w, w2)); "
+                    "set contrast to true or drop second_window"
+                )
+        for name, value in windows:
+            try:
+                level, width = (float(v) for v in value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be (level, width) in HU, got {value!r}") from None
+            if not (math.isfinite(level) and math.isfinite(width) and width > 0):
+                raise ValueError(f"{name} must be (level, width > 0) in HU, got {value!r}")
+            object.__setattr__(self, name, (level, width))
         if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
             raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
         if self.size % 28 or self.size < 28:
@@ -175,12 +198,15 @@ def _jittered(
 
 
 def _crop(volume: Volume, center_lps_mm: Sequence[float], inputs: MeasureInputs) -> Crop:
+    window = (
+        inputs.window if inputs.second_window is None else (inputs.window, inputs.second_window)
+    )
     return crop_around(
         volume,
         center_lps_mm,
         pixel_mm=inputs.pixel_mm,
         size=inputs.size,
-        window=inputs.window,
+        window=window,
         slices=inputs.frames,
         slice_mm=inputs.slice_mm,
     )
@@ -188,8 +214,13 @@ def _crop(volume: Volume, center_lps_mm: Sequence[float], inputs: MeasureInputs)
 
 def _model_channels(crop: Crop, inputs: MeasureInputs) -> torch.Tensor:
     """(F, 3, H, W) the crop in the model's channels."""
-    image = crop.image  # (F, 1, H, W)
-    images = contrast_channels(image) if inputs.contrast else image.expand(-1, 3, -1, -1)
+    image = crop.image  # (F, 1 or 2, H, W)
+    if inputs.second_window is not None:
+        images = two_window_channels(image)
+    elif inputs.contrast:
+        images = contrast_channels(image)
+    else:
+        images = image.expand(-1, 3, -1, -1)
     return images.contiguous()
 
 

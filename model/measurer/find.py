@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from model.measurer.images import two_window_channels
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding, find_answer, find_kinds, find_prompt
 from model.measurer.tiles import FIELD_EDGE_MM, field_side
@@ -206,8 +207,7 @@ def with_context(planes: torch.Tensor, offset: int) -> torch.Tensor:
 
 def _content(windows: torch.Tensor) -> torch.Tensor:
     """(S, 2, H, W) (soft, wide) -> (S, 3, H, W) ``(soft, 1 - soft, wide)``."""
-    soft, wide = windows[:, 0], windows[:, 1]
-    return torch.stack((soft, 1.0 - soft, wide), dim=1)
+    return two_window_channels(windows)
 
 
 def find_frames(windows: torch.Tensor, inputs: FindInputs) -> torch.Tensor:

@@ -74,6 +74,7 @@ __all__ = [
     "image_token_count",
     "patchify",
     "patchify_frames",
+    "two_window_channels",
 ]
 
 PATCH = 14
@@ -202,6 +203,17 @@ def contrast_channels(images: torch.Tensor) -> torch.Tensor:
         shape = tuple(getattr(images, "shape", ()))
         raise ValueError(f"images must be (..., 1, H, W) one-window images, got shape {shape}")
     return torch.cat((images, 1.0 - images, torch.full_like(images, 0.5)), dim=-3)
+
+
+def two_window_channels(images: torch.Tensor) -> torch.Tensor:
+    """(..., 2, H, W) two-window images in [0, 1] -> (..., 3, H, W) ``(w, 1 - w, w2)``: the
+    first window as :func:`contrast_channels` encodes it, the second in the third channel
+    (the find image's and the two-window measure crop's encoding)."""
+    if not isinstance(images, torch.Tensor) or images.ndim < 3 or images.shape[-3] != 2:
+        shape = tuple(getattr(images, "shape", ()))
+        raise ValueError(f"images must be (..., 2, H, W) two-window images, got shape {shape}")
+    first, second = images.unbind(dim=-3)
+    return torch.stack((first, 1.0 - first, second), dim=-3)
 
 
 # -- patches ------------------------------------------------------------------------------------

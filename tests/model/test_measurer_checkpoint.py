@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -71,6 +72,18 @@ def test_round_trip(tmp_path: Path, mode: NumericMode) -> None:
     if head is not None and loaded.head is not None:
         assert torch.equal(head.decode(a.num_hidden), loaded.head.decode(b.num_hidden))
     assert loaded.tokenizer.encode("measure the lesion") == tokenizer.encode("measure the lesion")
+
+
+def test_a_second_measure_window_round_trips_and_old_settings_have_none() -> None:
+    inputs = dataclasses.replace(INPUTS, second_window=(-600.0, 1500.0))
+    settings = MeasurerSettings(
+        "radcaliper-test", "0.0.1", NumericMode.RNED_CORR, measure_inputs=inputs
+    )
+    data = json.loads(json.dumps(settings.to_json()))  # as written to radcaliper.json
+    assert data["measure_inputs"]["second_window"] == [-600.0, 1500.0]
+    assert MeasurerSettings.from_json(data) == settings
+    del data["measure_inputs"]["second_window"]  # a checkpoint from before the option
+    assert MeasurerSettings.from_json(data).measure_inputs.second_window is None
 
 
 def test_settings_without_find_voting_run_one_find_pass() -> None:

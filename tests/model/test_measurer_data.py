@@ -69,6 +69,31 @@ def test_examples_carry_the_truth_and_a_centred_finding(phantom: Phantom) -> Non
         assert abs(centre - corner) > 0.05
 
 
+def test_a_second_window_is_the_third_channel(phantom: Phantom) -> None:
+    """With ``second_window`` the crop's third channel shows the HU through that window and
+    the first two are the first window's contrast encoding; windows given as JSON lists are
+    kept as tuples."""
+    lung = MeasureInputs(
+        pixel_mm=1.5, size=56, jitter_mm=0.0, window=[40, 160], second_window=[-600, 1500]
+    )
+    assert lung.window == (40.0, 160.0) and lung.second_window == (-600.0, 1500.0)
+    one = dataclasses.replace(lung, second_window=None)
+    rng = np.random.default_rng(0)
+    two_windows = phantom_examples(phantom, lung, rng)
+    one_window = phantom_examples(phantom, one, np.random.default_rng(0))
+    volume = phantom_volume(phantom)
+    for example, plain, finding in zip(two_windows, one_window, phantom.findings, strict=True):
+        assert example.images.shape == plain.images.shape == (1, 3, 56, 56)
+        torch.testing.assert_close(example.images[:, :2], plain.images[:, :2])
+        torch.testing.assert_close(example.images[:, 1], 1.0 - example.images[:, 0])
+        # the crop's centre pixel through the lung window [-1350, 150] HU
+        index = np.rint(volume.geometry.lps_to_index(np.asarray(finding.center_lps_mm)))
+        hu = float(volume.voxels[tuple(int(i) for i in index)])
+        centre = float(example.images[0, 2, 27:29, 27:29].mean())
+        assert centre == pytest.approx(min(max((hu + 1350.0) / 1500.0, 0.0), 1.0), abs=0.05)
+    assert not torch.equal(two_windows[0].images[:, 2], one_window[0].images[:, 2])
+
+
 def test_jitter_moves_the_crop_and_is_seeded(phantom: Phantom) -> None:
     jittered = MeasureInputs(pixel_mm=1.5, size=56, jitter_mm=6.0)
     a = phantom_examples(phantom, jittered, np.random.default_rng(3))
@@ -144,6 +169,10 @@ def test_a_training_step_on_the_real_tiny_model(phantom: Phantom) -> None:
         ({"size": 50}, "multiple of 28"),
         ({"frames": 0}, "frames"),
         ({"jitter_mm": -1.0}, "jitter_mm"),
+        ({"window": (40.0, 0.0)}, "window must be"),
+        ({"second_window": (-600.0,)}, "second_window must be"),
+        ({"second_window": (-600.0, -1.0)}, "second_window must be"),
+        ({"second_window": (-600.0, 1500.0), "contrast": False}, "needs contrast"),
     ],
 )
 def test_bad_inputs_settings(kwargs: dict, message: str) -> None:

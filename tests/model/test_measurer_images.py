@@ -40,6 +40,7 @@ from model.measurer.images import (
     image_token_count,
     patchify,
     patchify_frames,
+    two_window_channels,
 )
 
 from conftest import volume_from_array
@@ -645,3 +646,14 @@ def test_contrast_channels_keep_brightness_through_qwen_patch_embedding() -> Non
     assert bool((images[:, 2] == 0.5).all())
     with pytest.raises(ValueError, match="one-window"):
         contrast_channels(torch.rand(2, 3, 28, 28))
+
+
+def test_two_window_channels() -> None:
+    images = torch.rand(4, 2, 28, 56, generator=torch.Generator().manual_seed(0))
+    channels = two_window_channels(images)
+    assert channels.shape == (4, 3, 28, 56)
+    torch.testing.assert_close(channels[:, 0], images[:, 0])
+    torch.testing.assert_close(channels[:, 1], 1 - images[:, 0])
+    torch.testing.assert_close(channels[:, 2], images[:, 1])
+    with pytest.raises(ValueError, match="two-window"):
+        two_window_channels(torch.rand(2, 1, 28, 28))
