@@ -62,6 +62,8 @@ if not chain:
 training = settings["training"]
 config = training["config"]
 calibration = settings["calibration"] or {}
+second_window = settings["measure_inputs"].get("second_window")
+second = "" if second_window is None else f" and a second window {second_window} (third channel)"
 stage_lines = "\n".join(
     f"  {i}. `{stage.name}`: {STAGE_TEXT.get(stage.name, 'see `model.measurer.stages`')}"
     for i, stage in enumerate(default_stages(MeasurerSettings.from_json(settings)), start=1)
@@ -154,7 +156,7 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
   No stage reads HU thresholds: what a region is, is the model's answer.
 - Inputs: find images {settings["find_inputs"]["size"]} px at {settings["find_inputs"]["pixel_mm"]}
   mm/px with a coordinate frame ({passes}); measure crops {settings["measure_inputs"]["size"]} px at
-  {settings["measure_inputs"]["pixel_mm"]} mm/px, window {settings["measure_inputs"]["window"]}.
+  {settings["measure_inputs"]["pixel_mm"]} mm/px, window {settings["measure_inputs"]["window"]}{second}.
 - Files: `model.safetensors` (weights), `numeric_head.safetensors` (RNED codec),
   `tokenizer.json`, `config.json`, `radcaliper.json` (settings, calibration, provenance),
   `training_config.json` (the exact training configuration).
