@@ -377,11 +377,6 @@ def calibrate(
             )
             reported_presences[:] = [c.presence for c in event.state.candidates]
 
-    def scored(outcome: StudyOutcome) -> None:
-        presences.append(list(reported_presences) if outcome.result is not None else [])
-        reported_presences.clear()
-        progress.advance(task)
-
     measurer.subscribe(reported)
     try:
         if dataset is not None:
@@ -398,6 +393,13 @@ def calibrate(
         raise typer.Exit(EXIT_NOTHING) from None
     with progress_display() as progress:
         task = progress.add_task("calibrating", total=count, status="")
+
+        def scored(outcome: StudyOutcome) -> None:
+            """One study scored: keep its reports' presences (in report order), advance."""
+            presences.append(list(reported_presences) if outcome.result is not None else [])
+            reported_presences.clear()
+            progress.advance(task)
+
         evaluation = evaluate(measurer, (source.study(i) for i in range(count)), on_study=scored)
     pairs = calibration_pairs(evaluation.outcomes)
     measured = {name for name, _, _ in pairs}
