@@ -13,7 +13,10 @@ other axes 0.5-1.0 of it.
 
 **How it looks**: its HU is the local tissue's own median plus a contrast by tissue
 (``ORGAN_RULES``, ``LUNG_RULE``, ``SOFT_RULE``), the median taken over the tissue's voxels
-within 10 mm of the lesion's box (for soft tissue: its non-fat voxels, -30..150 HU). Partial
+within 10 mm of the lesion's box (for soft tissue: its non-fat voxels, -30..150 HU). The
+contrast is at least ``MIN_CNR`` times the tissue's own measured noise (its sign kept): a
+lesion no reader could see is not one any annotation holds, and as a training or evaluation
+target it is noise (rendered crops of +15..+30 HU lesions in muscle showed nothing). Partial
 volume: each voxel's occupancy. Noise: Gaussian noise with the standard deviation and in-plane
 correlation of the tissue around (``model.measurer._image_stats.estimate_noise``). Blur: the
 occupancy is blurred in plane so that the lesion's edge is as sharp as the image's own air
@@ -49,6 +52,7 @@ from model.measurer._tissue import (
 
 __all__ = [
     "GAP_MM",
+    "MIN_CNR",
     "ORGAN_RULES",
     "SIZE_RANGE_MM",
     "Inserted",
@@ -61,6 +65,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+MIN_CNR = 3.0
+"""Least |contrast| of an inserted lesion in units of its tissue's measured noise SD (per
+voxel, ``estimate_noise``): a contrast-to-noise ratio a reader sees at a lesion's edge."""
 GAP_MM = 3.0
 """Least distance from an inserted lesion to its tissue's edge, a known finding or vessel,
 another inserted lesion."""
@@ -93,6 +100,7 @@ class Inserted:
     local_median_hu: float
     long_axis_mm: float  # as drawn (the truth is measured on the mask)
     centre_lps_mm: tuple[float, float, float]
+    noise_hu: float | None = None  # the tissue's measured noise SD (None: too few voxels)
 
     def describe(self) -> str:
         kind = "hypodense" if self.contrast_hu < 0 else "hyperdense"
@@ -360,6 +368,8 @@ def _render(
     like = local & (np.abs(ndimage.gaussian_filter(window, (0.0, 1.5, 1.5)) - median) < 50.0)
     noise = estimate_noise(window, like) or estimate_noise(window, local)
     contrast = _contrast(tissue.rule, rng)
+    if noise is not None:  # visible: at least MIN_CNR noise deviations, the sign kept
+        contrast = math.copysign(max(abs(contrast), MIN_CNR * noise.sigma_hu), contrast)
     blurred = ndimage.gaussian_filter(occ, (0.0, blur_px, blur_px)) if blur_px > 0 else occ
     texture = noise.sample(rng, occ.shape) if noise is not None else np.zeros_like(occ)
     under = image[box]
@@ -375,4 +385,5 @@ def _render(
         median,
         long_axis_mm,
         (float(centre[0]), float(centre[1]), float(centre[2])),
+        None if noise is None else float(noise.sigma_hu),
     )

@@ -33,6 +33,7 @@ from model.measurer._augment import (
 )
 from model.measurer._insert import (
     GAP_MM,
+    MIN_CNR,
     LesionShape,
     TissueMaps,
     insert_lesions,
@@ -204,6 +205,8 @@ def test_lesions_lie_in_their_tissue_with_its_contrast(abdomen: Background) -> N
         if others.any():
             gap = ndimage.distance_transform_edt(~others, sampling=g.spacing)[truth].min()
             assert gap >= GAP_MM
+        assert lesion.noise_hu is not None and lesion.noise_hu > 0
+        assert abs(lesion.contrast_hu) >= MIN_CNR * lesion.noise_hu - 1e-9  # visible
         core = ndimage.binary_erosion(truth, iterations=2)
         if core.sum() > 30:
             mean = float(image[core].mean())
@@ -212,6 +215,26 @@ def test_lesions_lie_in_their_tissue_with_its_contrast(abdomen: Background) -> N
     assert not (changed & ~reach).any()  # nothing changed away from the lesions
     rows = _rows(labels, g, {lesion.value: ("lesion", "lesion") for lesion in lesions})
     assert len(rows) == 4 and all(5.0 <= float(r.long_axis_mm or 0) <= 60.0 for r in rows)
+
+
+def test_lesions_are_at_least_min_cnr_noise_deviations_from_their_tissue() -> None:
+    """In a noisy tissue (SD 20 HU) the soft-tissue rule's contrasts (+-15..60 HU) are raised to
+    at least ``MIN_CNR`` measured noise deviations, their sign kept: no lesion a reader could
+    not see."""
+    g = Geometry((0.0, 0.0, 0.0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (2.5, 0.8, 0.8))
+    rng = np.random.default_rng(4)
+    image = (40.0 + 20.0 * rng.standard_normal((24, 160, 160))).astype(np.float32)
+    body = np.ones(image.shape, dtype=bool)
+    nothing = np.zeros(image.shape, dtype=bool)
+    maps = TissueMaps(body=body, lung=nothing, soft=body, organs={}, blocked=nothing)
+    labels = np.zeros(image.shape, dtype=np.int16)
+    _, _, lesions = insert_lesions(image, labels, g, maps, 6, np.random.default_rng(9), 1000)
+    assert len(lesions) >= 4
+    for lesion in lesions:
+        assert lesion.tissue == "soft tissue"
+        assert lesion.noise_hu == pytest.approx(20.0, rel=0.2)
+        assert abs(lesion.contrast_hu) >= MIN_CNR * lesion.noise_hu - 1e-9
+    assert {lesion.contrast_hu > 0 for lesion in lesions} == {True, False}  # signs kept
 
 
 def test_lung_lesions_are_solid_nodules_in_aerated_lung(chest: Background) -> None:
