@@ -1,14 +1,136 @@
-"""Tiny Qwen2.5-VL configurations: transformers' own classes at a size that runs on a CPU.
+"""Qwen2.5-VL configurations: tiny ones that run on a CPU, and the published 3B and 7B shapes.
 
 Tests, benchmarks and the default model build their backbones here, so the shapes that must agree
-(head dim, M-RoPE sections, token ids inside the vocabulary) are worked out once.
+(head dim, M-RoPE sections, token ids inside the vocabulary) are worked out once. The published
+shapes (:data:`QWEN2_5_VL_SHAPES`, from the released ``config.json`` files) let a check build a
+random-init model of a real checkpoint's size where no weights can be downloaded
+(``benchmarks/gpu_check.sh``); ``narrow=True`` keeps everything but the widths and depths, for
+the same check on a CPU.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["tiny_qwen2_5_vl_kwargs"]
+__all__ = [
+    "QWEN2_5_VL_SHAPES",
+    "QWEN_SPECIAL_TOKENS",
+    "published_qwen2_5_vl_kwargs",
+    "tiny_qwen2_5_vl_kwargs",
+]
+
+QWEN2_5_VL_SHAPES: dict[str, dict[str, int | bool]] = {
+    "3b": {
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "7b": {
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
+}
+"""The language model of Qwen2.5-VL-3B and -7B (Instruct) as released; both share the vision
+tower below (32 blocks of width 1280, windows of 112 pixels, full attention in blocks 7, 15, 23
+and 31)."""
+
+QWEN_SPECIAL_TOKENS: dict[str, int] = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|object_ref_start|>": 151646,
+    "<|object_ref_end|>": 151647,
+    "<|box_start|>": 151648,
+    "<|box_end|>": 151649,
+    "<|quad_start|>": 151650,
+    "<|quad_end|>": 151651,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+}
+"""Qwen2.5-VL's special tokens at their released ids (the same in 3B and 7B)."""
+
+_VISION_TOWER = {
+    "depth": 32,
+    "hidden_size": 1280,
+    "intermediate_size": 3420,
+    "num_heads": 16,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+    "tokens_per_second": 2,
+}
+
+
+def published_qwen2_5_vl_kwargs(
+    shape: str, *, narrow: bool = False, attn_implementation: str = "sdpa"
+) -> dict[str, Any]:
+    """Keyword arguments of ``Qwen2_5_VLConfig`` for a published shape (``"3b"``, ``"7b"``).
+
+    Token ids, vocabulary size, tied or untied output embeddings, M-RoPE sections and the vision
+    tower's windows are the released model's. ``narrow``: the same except widths and depths (a
+    2-layer language model of width 64, a 2-block vision tower of width 32 whose first block
+    uses windows and whose last attends fully), which runs on a CPU.
+    """
+    if shape not in QWEN2_5_VL_SHAPES:
+        known = sorted(QWEN2_5_VL_SHAPES)
+        raise ValueError(f"unknown Qwen2.5-VL shape {shape!r}: use one of {known}")
+    text: dict[str, Any] = dict(QWEN2_5_VL_SHAPES[shape])
+    vision: dict[str, Any] = dict(_VISION_TOWER)
+    if narrow:
+        text.update(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        vision.update(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1]
+        )
+    tied = bool(text.pop("tie_word_embeddings"))
+    sections = [16, 24, 24]  # of the 64 frequencies per head of width 128
+    if narrow:  # 8 frequencies per head of width 16
+        sections = [2, 3, 3]
+    ids = QWEN_SPECIAL_TOKENS
+    text.update(
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        tie_word_embeddings=tied,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "mrope_section": sections,
+        },
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    vision["out_hidden_size"] = text["hidden_size"]
+    return {
+        "text_config": text,
+        "vision_config": vision,
+        "tie_word_embeddings": tied,
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "attn_implementation": attn_implementation,
+    }
 
 
 def tiny_qwen2_5_vl_kwargs(

@@ -11,12 +11,18 @@ radcaliper builds pixel values itself, exactly as that processor would.
 LoRA (the paper's defaults: rank 128, alpha 256) is injected in place with ``peft`` on the
 decoder's attention and MLP projections (:func:`add_lora`) and merged back into the weights
 before a checkpoint is saved (:func:`merge_lora`), so a trained checkpoint loads without peft.
+
+Where no released weights can be had (tests, ``benchmarks/gpu_check.sh`` on a machine with no
+network), :func:`write_random_base_model` writes such a directory with random weights: a tiny
+one, or a published shape (``model.backbone.QWEN2_5_VL_SHAPES``) with Qwen's special tokens at
+their released ids and a word-level stand-in for its tokenizer (:func:`qwen_like_tokenizer`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +30,23 @@ import torch
 
 from ingestion.errors import ModelError
 from model.measurer.images import IMAGE_MEAN, IMAGE_STD, MERGE, PATCH, TEMPORAL_PATCH
-from model.measurer.tokenizer import NUM, special_ids
+from model.measurer.tokenizer import NUM, UNK, VOCAB, special_ids
 
 if TYPE_CHECKING:
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
     from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
 
-__all__ = ["LORA_TARGETS", "add_lora", "load_base_model", "lora_parameters", "merge_lora"]
+__all__ = [
+    "LORA_TARGETS",
+    "add_lora",
+    "load_base_model",
+    "lora_parameters",
+    "merge_lora",
+    "qwen_like_tokenizer",
+    "write_random_base_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -146,3 +160,106 @@ def merge_lora(model: nn.Module) -> int:
         setattr(parent, child, module.get_base_layer())
         merged += 1
     return merged
+
+
+def qwen_like_tokenizer(special_tokens: Mapping[str, int] | None = None) -> PreTrainedTokenizerFast:
+    """A word-level stand-in for Qwen2.5-VL's tokenizer, without ``[NUM]`` (as a real one).
+
+    The measurer's words (``VOCAB`` less ``[NUM]`` and the special tokens) take ids 0, 1, ...;
+    each of Qwen's special tokens takes its id in ``special_tokens`` (default
+    ``model.backbone.QWEN_SPECIAL_TOKENS``, the released ids: 151,657 entries in all), which
+    must be consecutive; reserved tokens fill the gap between the words and the first one.
+    """
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from model.backbone import QWEN_SPECIAL_TOKENS
+
+    specials = dict(QWEN_SPECIAL_TOKENS if special_tokens is None else special_tokens)
+    words = [t for t in VOCAB if t != NUM and t not in specials]
+    first = min(specials.values())
+    if first < len(words) or sorted(specials.values()) != list(range(first, first + len(specials))):
+        raise ValueError(
+            f"special token ids {specials} must be consecutive and follow the {len(words)} words"
+        )
+    vocab = {t: i for i, t in enumerate(words)}
+    vocab.update({f"<|reserved_{i}|>": i for i in range(len(words), first)})
+    vocab.update(specials)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=UNK,
+    )
+
+
+def write_random_base_model(
+    directory: str | Path,
+    shape: str = "tiny",
+    *,
+    narrow: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> Path:
+    """Write a local Qwen2.5-VL directory with random weights, as ``load_base_model`` reads.
+
+    ``shape``: ``"tiny"`` (``model.backbone.tiny_qwen2_5_vl_kwargs``, float32, Qwen's special
+    tokens right after the words), or a published one (``"3b"``, ``"7b"``: the released
+    vocabulary, ids and sizes, saved in bfloat16 as released; ``narrow`` keeps all of that but
+    the widths and depths). The weights are drawn on ``device`` (a GPU draws 3B in seconds).
+    Returns the directory.
+    """
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
+
+    from model.backbone import (
+        QWEN_SPECIAL_TOKENS,
+        published_qwen2_5_vl_kwargs,
+        tiny_qwen2_5_vl_kwargs,
+    )
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = torch.float32
+    if shape == "tiny":
+        after = len([t for t in VOCAB if t != NUM and t not in QWEN_SPECIAL_TOKENS])
+        tokenizer = qwen_like_tokenizer({t: after + i for i, t in enumerate(QWEN_SPECIAL_TOKENS)})
+        vocab = tokenizer.get_vocab()
+        ids = {
+            "bos": vocab["<|im_start|>"],
+            "eos": vocab["<|im_end|>"],
+            "pad": vocab["<|endoftext|>"],
+            "image": vocab["<|image_pad|>"],
+            "video": vocab["<|video_pad|>"],
+            "vision_start": vocab["<|vision_start|>"],
+            "vision_end": vocab["<|vision_end|>"],
+        }
+        kwargs = tiny_qwen2_5_vl_kwargs(
+            vocab_size=len(vocab), special_ids=ids, initializer_range=0.02
+        )
+    else:
+        tokenizer = qwen_like_tokenizer()
+        kwargs = published_qwen2_5_vl_kwargs(shape, narrow=narrow)
+        if not narrow:
+            dtype = torch.bfloat16
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model: Any = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs))
+    model.to(dtype).save_pretrained(path)
+    del model
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessor().save_pretrained(path)
+    return path

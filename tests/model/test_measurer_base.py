@@ -9,72 +9,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-from transformers import (
-    PreTrainedTokenizerFast,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-)
 
 from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
-from model.backbone import tiny_qwen2_5_vl_kwargs
-from model.measurer.base import add_lora, load_base_model, lora_parameters, merge_lora
+from model.backbone import QWEN_SPECIAL_TOKENS, published_qwen2_5_vl_kwargs
+from model.measurer.base import (
+    add_lora,
+    load_base_model,
+    lora_parameters,
+    merge_lora,
+    qwen_like_tokenizer,
+    write_random_base_model,
+)
 from model.measurer.checkpoint import load_checkpoint
 from model.measurer.data import MeasureInputs, phantom_volume
 from model.measurer.find import FindInputs
 from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
-from model.measurer.tokenizer import NUM, VOCAB
+from model.measurer.tokenizer import NUM
 from model.measurer.train import BackboneSize, PoolSettings, StepReport, TrainConfig, train
-
-QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
-VISION = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-def _qwen_like_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer with Qwen2.5-VL's special tokens and no [NUM] (as a real one)."""
-    vocab = [t for t in VOCAB if t != NUM]
-    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.WhitespaceSplit(),
-            pre_tokenizers.Punctuation("isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
-        ]
-    )
-    backend.add_special_tokens([AddedToken(t, special=True) for t in QWEN_SPECIALS + VISION])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="[UNK]",
-    )
 
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen2VLImageProcessor
-
-    path = tmp_path_factory.mktemp("qwen2_5_vl_tiny")
-    tokenizer = _qwen_like_tokenizer()
-    vocab = tokenizer.get_vocab()
-    ids = {
-        "bos": vocab["<|im_start|>"],
-        "eos": vocab["<|im_end|>"],
-        "pad": vocab["<|endoftext|>"],
-        "image": vocab["<|image_pad|>"],
-        "video": vocab["<|video_pad|>"],
-        "vision_start": vocab["<|vision_start|>"],
-        "vision_end": vocab["<|vision_end|>"],
-    }
-    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(vocab), special_ids=ids, initializer_range=0.02)
-    torch.manual_seed(0)
-    Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessor().save_pretrained(path)
-    return path
+    return write_random_base_model(tmp_path_factory.mktemp("qwen2_5_vl_tiny"), "tiny", seed=0)
 
 
 def test_a_local_qwen_directory_loads_with_num_added(qwen_dir: Path) -> None:
@@ -175,3 +133,39 @@ def test_projector_then_lora_training_resumes_and_ships_merged(
     phantom = generate_phantom(study_seed(5, 0))
     result = measurer.measure(phantom_volume(phantom), source="phantom")
     assert result.model.numeric_mode == "rned_corr" and result.model.not_for_clinical_use
+
+
+@pytest.mark.parametrize(
+    ("shape", "parameters", "tied"), [("3b", 3_754_622_976, True), ("7b", 8_292_166_656, False)]
+)
+def test_published_shapes_have_the_released_sizes(shape: str, parameters: int, tied: bool) -> None:
+    """3.75 B and 8.29 B parameters as released (built on the meta device: no memory)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    kwargs = published_qwen2_5_vl_kwargs(shape)
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs))
+    assert sum(p.numel() for p in model.parameters()) == parameters
+    output = model.get_output_embeddings()
+    assert output is not None
+    assert (output.weight is model.get_input_embeddings().weight) is tied
+    assert kwargs["text_config"]["rope_parameters"]["mrope_section"] == [16, 24, 24]
+    assert kwargs["image_token_id"] == QWEN_SPECIAL_TOKENS["<|image_pad|>"] == 151655
+    with pytest.raises(ValueError, match=r"unknown Qwen2\.5-VL shape '13b'"):
+        published_qwen2_5_vl_kwargs("13b")
+
+
+def test_a_narrow_published_shape_loads_with_qwens_ids_and_num_after_them(tmp_path: Path) -> None:
+    base = write_random_base_model(tmp_path, "3b", narrow=True, seed=0)
+    model, tokenizer = load_base_model(base)
+    vocab = tokenizer.get_vocab()
+    assert {t: vocab[t] for t in QWEN_SPECIAL_TOKENS} == QWEN_SPECIAL_TOKENS
+    assert vocab[NUM] == len(tokenizer) - 1 == max(QWEN_SPECIAL_TOKENS.values()) + 1
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+    assert model.config.vision_config.fullatt_block_indexes == [1]  # block 0 uses windows
+    assert tokenizer.tokenize("[NUM] x 18 mm") == [NUM, "x", "1", "8", "mm"]
+
+
+def test_the_stand_in_tokenizer_refuses_special_ids_among_the_words() -> None:
+    with pytest.raises(ValueError, match="consecutive and follow"):
+        qwen_like_tokenizer({"<|endoftext|>": 3, "<|im_start|>": 4})
