@@ -49,8 +49,9 @@ ORGAN_RULES: dict[str, tuple[str, ContrastRule]] = {
 }
 """Organ label names containing a key -> (tissue name, contrast rule): hypodense liver lesions
 (some hyperdense), hypo- or hyperdense renal lesions, hypodense splenic and pancreatic ones."""
-LUNG_RULE: ContrastRule = ((1.0, 750.0, 900.0),)
-"""Solid nodules: 750-900 HU above aerated lung's median (about -100..+50 HU)."""
+LUNG_RULE: ContrastRule = ((1.0, 850.0, 950.0),)
+"""Solid nodules: 850-950 HU above aerated lung's median (about 0..+100 HU), the soft-tissue
+density of solid nodules (unenhanced solid nodules read about 20-60 HU at their centre)."""
 SOFT_RULE: ContrastRule = ((0.4, -40.0, -15.0), (0.6, 15.0, 60.0))
 """Soft-tissue masses: against the median of the non-fat soft tissue (-30..150 HU) around."""
 LUNG_MIN_ML = 20.0
