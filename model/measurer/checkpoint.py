@@ -130,12 +130,8 @@ class MeasurerSettings:
                 f"radcaliper.json format_version {version!r} is not {FORMAT_VERSION}; "
                 "this radcaliper cannot read that checkpoint"
             )
-        inputs = dict(data["measure_inputs"])
-        inputs["window"] = tuple(inputs["window"])
+        inputs = dict(data["measure_inputs"])  # JSON lists: the inputs make windows tuples
         find = dict(data.get("find_inputs", {}))
-        for key in ("soft_window", "wide_window"):
-            if key in find:
-                find[key] = tuple(find[key])
         calibration = data.get("calibration")
         decode_check = data.get("decode_check")
         detection = data.get("detection")

@@ -33,6 +33,7 @@ from model.measurer.images import (
     Crop,
     contrast_channels,
     crop_around,
+    hu_window,
     image_token_count,
     patchify_frames,
     two_window_channels,
@@ -117,13 +118,7 @@ class MeasureInputs:
                     "set contrast to true or drop second_window"
                 )
         for name, value in windows:
-            try:
-                level, width = (float(v) for v in value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must be (level, width) in HU, got {value!r}") from None
-            if not (math.isfinite(level) and math.isfinite(width) and width > 0):
-                raise ValueError(f"{name} must be (level, width > 0) in HU, got {value!r}")
-            object.__setattr__(self, name, (level, width))
+            object.__setattr__(self, name, hu_window(name, value))
         if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
             raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
         if self.size % 28 or self.size < 28:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from model.measurer.images import two_window_channels
+from model.measurer.images import hu_window, two_window_channels
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding, find_answer, find_kinds, find_prompt
 from model.measurer.tiles import FIELD_EDGE_MM, field_side
@@ -103,9 +103,7 @@ class FindInputs:
         if self.size % 28 or self.size < 28:
             raise ValueError(f"size must be a positive multiple of 28, got {self.size}")
         for name in ("soft_window", "wide_window"):
-            level, width = getattr(self, name)
-            if not (math.isfinite(level) and math.isfinite(width) and width > 0):
-                raise ValueError(f"{name} must be (level, width > 0) in HU, got {(level, width)}")
+            object.__setattr__(self, name, hu_window(name, getattr(self, name)))
 
     @property
     def windows(self) -> int:

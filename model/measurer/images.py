@@ -71,6 +71,7 @@ __all__ = [
     "crop_around",
     "find_images",
     "find_slice_indices",
+    "hu_window",
     "image_token_count",
     "patchify",
     "patchify_frames",
@@ -148,7 +149,9 @@ def _point(name: str, value: object) -> tuple[float, float, float]:
     return (float(arr[0]), float(arr[1]), float(arr[2]))
 
 
-def _one_window(name: str, value: object) -> tuple[float, float]:
+def hu_window(name: str, value: object) -> tuple[float, float]:
+    """``value`` as a (level, width) HU window of floats; ``ValueError`` naming ``name`` unless
+    it is two finite numbers with width > 0 (every window setting is checked here)."""
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
         raise ValueError(f"{name} must be (level, width) in HU, got {value!r}")
     if not (_finite(value[0]) and _finite(value[1])):
@@ -163,8 +166,8 @@ def _windows(value: object) -> tuple[tuple[float, float], ...]:
     """One (level, width) window, or a non-empty sequence of them, as a tuple of windows."""
     if isinstance(value, Sequence) and not isinstance(value, str) and value:
         if all(isinstance(v, Sequence) and not isinstance(v, str) for v in value):
-            return tuple(_one_window(f"window[{i}]", v) for i, v in enumerate(value))
-        return (_one_window("window", value),)
+            return tuple(hu_window(f"window[{i}]", v) for i, v in enumerate(value))
+        return (hu_window("window", value),)
     raise ValueError(f"window must be (level, width) or a sequence of them, got {value!r}")
 
 

@@ -308,13 +308,8 @@ class TrainConfig:
         values = dict(data)
         values["size"] = BackboneSize(**values["size"])
         values["stages"] = tuple(Stage(**s) for s in values["stages"])
-        inputs = dict(values["measure_inputs"])
-        inputs["window"] = tuple(inputs["window"])
-        values["measure_inputs"] = MeasureInputs(**inputs)
-        find = dict(values["find_inputs"])
-        find["soft_window"] = tuple(find["soft_window"])
-        find["wide_window"] = tuple(find["wide_window"])
-        values["find_inputs"] = FindInputs(**find)
+        values["measure_inputs"] = MeasureInputs(**values["measure_inputs"])  # windows -> tuples
+        values["find_inputs"] = FindInputs(**values["find_inputs"])
         values["pool"] = PoolSettings(**values["pool"])
         if "find_voting" in values:
             values["find_voting"] = FindVoting.from_json(values["find_voting"])

@@ -23,6 +23,7 @@ from model.measurer.data import (
     phantom_examples,
     phantom_volume,
 )
+from model.measurer.find import FindInputs
 from model.measurer.images import image_token_count
 from model.measurer.results import FindingKind
 from model.measurer.tasks import parse_measure, with_values
@@ -169,15 +170,26 @@ def test_a_training_step_on_the_real_tiny_model(phantom: Phantom) -> None:
         ({"size": 50}, "multiple of 28"),
         ({"frames": 0}, "frames"),
         ({"jitter_mm": -1.0}, "jitter_mm"),
-        ({"window": (40.0, 0.0)}, "window must be"),
-        ({"second_window": (-600.0,)}, "second_window must be"),
-        ({"second_window": (-600.0, -1.0)}, "second_window must be"),
+        ({"window": (40.0, 0.0)}, "window width must be > 0"),
+        ({"window": (40.0, float("nan"))}, "window must be two finite numbers"),
+        ({"second_window": (-600.0,)}, r"second_window must be \(level, width\)"),
+        ({"second_window": (-600.0, -1.0)}, "second_window width must be > 0"),
         ({"second_window": (-600.0, 1500.0), "contrast": False}, "needs contrast"),
     ],
 )
 def test_bad_inputs_settings(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MeasureInputs(**kwargs)
+
+
+def test_find_windows_are_checked_and_read_from_json_lists_as_tuples() -> None:
+    """Find and measure inputs check windows with the same rule (``images.hu_window``)."""
+    find = FindInputs(soft_window=[40, 160], wide_window=[100, 600])  # as read from JSON
+    assert find.soft_window == (40.0, 160.0) and find.wide_window == (100.0, 600.0)
+    with pytest.raises(ValueError, match="wide_window width must be > 0"):
+        FindInputs(wide_window=(100.0, 0.0))
+    with pytest.raises(ValueError, match=r"soft_window must be \(level, width\)"):
+        FindInputs(soft_window=(40.0, 160.0, 1.0))
 
 
 @pytest.mark.parametrize(
