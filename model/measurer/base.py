@@ -208,6 +208,7 @@ def write_random_base_model(
     shape: str = "tiny",
     *,
     narrow: bool = False,
+    tied: bool | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> Path:
@@ -216,8 +217,9 @@ def write_random_base_model(
     ``shape``: ``"tiny"`` (``model.backbone.tiny_qwen2_5_vl_kwargs``, float32, Qwen's special
     tokens right after the words), or a published one (``"3b"``, ``"7b"``: the released
     vocabulary, ids and sizes, saved in bfloat16 as released; ``narrow`` keeps all of that but
-    the widths and depths). The weights are drawn on ``device`` (a GPU draws 3B in seconds).
-    Returns the directory.
+    the widths and depths). ``tied``: tie the output embeddings to the input ones or not
+    (default: as the shape has it; the tiny one is untied, 3B tied, 7B untied). The weights are
+    drawn on ``device`` (a GPU draws 3B in seconds). Returns the directory.
     """
     from transformers import (
         Qwen2_5_VLConfig,
@@ -255,6 +257,9 @@ def write_random_base_model(
         kwargs = published_qwen2_5_vl_kwargs(shape, narrow=narrow)
         if not narrow:
             dtype = torch.bfloat16
+    if tied is not None:
+        kwargs["tie_word_embeddings"] = tied
+        kwargs["text_config"]["tie_word_embeddings"] = tied
     torch.manual_seed(seed)
     with torch.device(device):
         model: Any = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**kwargs))

@@ -387,23 +387,57 @@ class _Run:
 
 
 def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
-    """Set ``requires_grad`` for the stage and return the trainable parameters."""
-    model: Any = lm.model
+    """Set ``requires_grad`` for the stage and return the trainable parameters.
+
+    ``projector`` and ``lora`` (a real checkpoint) train the vision merger, the numeric head and
+    the ``[NUM]`` row of the output embeddings (:func:`_num_rows`; the other rows stay as
+    released), and ``lora`` the adapters too."""
+    rows = {id(p) for p in _num_rows(lm)} if stage.trainable != "all" else set()
     for name, parameter in lm.named_parameters():
         if stage.trainable == "all":
             parameter.requires_grad_(True)
-        elif stage.trainable == "projector":
-            parameter.requires_grad_(
-                name.startswith("numeric_head.")
-                or ".visual.merger." in name
-                or "embed_tokens" in name
-            )
-        else:  # lora: peft marks its adapters trainable; keep the projector and head too
-            parameter.requires_grad_(
-                "lora_" in name or name.startswith("numeric_head.") or ".visual.merger." in name
-            )
-    del model
+            continue
+        keep = name.startswith("numeric_head.") or ".visual.merger." in name
+        keep = keep or id(parameter) in rows
+        if stage.trainable == "lora":  # peft marks its adapters trainable; keep them
+            keep = keep or "lora_" in name
+        parameter.requires_grad_(keep)
     return [p for p in lm.parameters() if p.requires_grad]
+
+
+def _num_rows(lm: NumericLM) -> list[nn.Parameter]:
+    """The embedding matrix of which a real checkpoint's stages train only the ``[NUM]`` row:
+    the output embeddings (the input ones too when tied), whose row is the logit that makes
+    the model write ``[NUM]``. The input row is never read: every numeric head puts the value's
+    own embedding in its place (RNED its rotary encoding, xVal its scaled vector), so an untied
+    input row is left out. None without a numeric head."""
+    if lm.num_token_id is None:
+        return []
+    model: Any = lm.model
+    output = model.get_output_embeddings()
+    return [] if output is None else [output.weight]
+
+
+def _row_optimizer(
+    lm: NumericLM, parameters: Sequence[nn.Parameter], stage: Stage, weight_decay: float
+) -> tuple[torch.optim.Optimizer, list[torch.utils.hooks.RemovableHandle]]:
+    """AdamW over ``parameters``; the embedding matrix of :func:`_num_rows` among them gets its
+    gradient masked to the ``[NUM]`` row and no weight decay, so that AdamW leaves every other
+    row exactly as it was (zero gradient, zero moments, zero update). Returns the optimizer and
+    the hooks to remove when the stage ends."""
+    trained = {id(p) for p in parameters}
+    rows = [p for p in _num_rows(lm) if id(p) in trained] if stage.trainable != "all" else []
+    handles = []
+    for matrix in rows:
+        mask = torch.zeros(matrix.shape[0], 1, dtype=matrix.dtype, device=matrix.device)
+        mask[cast(int, lm.num_token_id)] = 1.0
+        handles.append(matrix.register_hook(lambda grad, mask=mask: grad * mask))
+    masked = {id(p) for p in rows}
+    groups: list[dict[str, Any]] = [{"params": [p for p in parameters if id(p) not in masked]}]
+    if rows:
+        groups.append({"params": rows, "weight_decay": 0.0})
+    optimizer = torch.optim.AdamW(groups, lr=stage.lr, weight_decay=weight_decay, foreach=False)
+    return optimizer, handles
 
 
 def _lr_factor(step_in_stage: int, stage: Stage) -> float:
@@ -806,9 +840,7 @@ def train(
             count = add_lora(lm.model, rank=config.lora_rank, alpha=config.lora_alpha)
             logger.info("LoRA rank %d: %d adapter parameters", config.lora_rank, count)
         parameters = _trainable(lm, stage)
-        optimizer = torch.optim.AdamW(
-            parameters, lr=stage.lr, weight_decay=config.weight_decay, foreach=False
-        )
+        optimizer, hooks = _row_optimizer(lm, parameters, stage, config.weight_decay)
         if adam_steps and start > stage_start:
             _load_moments(state_dir, lm, optimizer, adam_steps)
         for step in range(max(start, stage_start), stage_end):
@@ -833,6 +865,8 @@ def train(
                 )
             if done % config.checkpoint_every == 0 or done == stage_end:
                 _save_state(out, run, optimizer, done)
+        for hook in hooks:
+            hook.remove()
         stage_start = stage_end
         adam_steps = {}
 

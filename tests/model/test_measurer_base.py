@@ -21,7 +21,7 @@ from model.measurer.base import (
     qwen_like_tokenizer,
     write_random_base_model,
 )
-from model.measurer.checkpoint import load_checkpoint
+from model.measurer.checkpoint import NumericMode, load_checkpoint
 from model.measurer.data import MeasureInputs, phantom_volume
 from model.measurer.find import FindInputs
 from model.measurer.pipeline import CheckpointMeasurer
@@ -169,3 +169,73 @@ def test_a_narrow_published_shape_loads_with_qwens_ids_and_num_after_them(tmp_pa
 def test_the_stand_in_tokenizer_refuses_special_ids_among_the_words() -> None:
     with pytest.raises(ValueError, match="consecutive and follow"):
         qwen_like_tokenizer({"<|endoftext|>": 3, "<|im_start|>": 4})
+
+
+def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
+    return {n for n, w in before.items() if not torch.equal(w, after[n])}
+
+
+@pytest.mark.parametrize(
+    ("tied", "mode"),
+    [(False, NumericMode.RNED_CORR), (True, NumericMode.RNED_CORR), (False, NumericMode.XVAL)],
+    ids=["untied-rned", "tied-rned", "untied-xval"],
+)
+def test_the_stages_train_their_parameters_and_the_num_rows_nothing_else(
+    tmp_path: Path, tied: bool, mode: NumericMode
+) -> None:
+    """Projector stage: the vision merger, the numeric head and the [NUM] row of the output
+    embeddings (shared with the input ones when tied); every other row stays as released, bit
+    for bit. LoRA stage: the same plus the adapters, merged into the decoder's projections at
+    the end. No numeric head reads the [NUM] input row (RNED puts the value's rotary encoding
+    in its place, xVal its own scaled vector), so an untied input matrix stays as released."""
+    base = write_random_base_model(tmp_path / "base", "tiny", tied=tied, seed=0)
+    config = TrainConfig.for_base_model(
+        str(base),
+        numeric_mode=mode,
+        steps=2,  # one projector step, one LoRA step
+        seed=3,
+        size=BackboneSize(hidden_size=64),
+        measure_batch=2,
+        find_batch=1,
+        point_batch=1,
+        measure_inputs=MeasureInputs(
+            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
+        ),
+        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
+        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
+        lora_rank=4,
+        lora_alpha=8,
+        threads=1,
+    )
+    after_projector: dict[str, torch.Tensor] = {}
+
+    def keep(report: StepReport) -> None:
+        if report.step == 1 and report.lm is not None:
+            for name, tensor in report.lm.model.state_dict().items():
+                after_projector[name] = tensor.detach().clone()
+
+    out = train(config, tmp_path / "run", PhantomSource(1), on_step=keep)
+    start, tokenizer = load_base_model(base)  # as training starts: [NUM] added
+    num = tokenizer.convert_tokens_to_ids(NUM)
+    before = start.state_dict()
+    embed, head = "model.language_model.embed_tokens.weight", "lm_head.weight"
+    rows = {embed, head}  # state-dict names (one matrix when tied)
+    trained = {head, embed} if tied else {head}
+
+    changed = _changed(before, after_projector)
+    assert {n for n in changed if ".visual.merger." not in n} == trained
+    assert any(".visual.merger." in n for n in changed)
+    for name in rows:
+        others = torch.ones(before[name].shape[0], dtype=torch.bool)
+        others[num] = False
+        assert torch.equal(before[name][others], after_projector[name][others]), name
+
+    final = load_checkpoint(out).model.state_dict()
+    changed = _changed(before, final)
+    projections = {n for n in changed if n.endswith("proj.weight") and "language_model" in n}
+    assert projections  # LoRA merged into the decoder's projections
+    assert changed - projections - trained == {n for n in changed if ".visual.merger." in n}
+    for name in rows:
+        others = torch.ones(before[name].shape[0], dtype=torch.bool)
+        others[num] = False
+        assert torch.equal(before[name][others], final[name][others]), name
