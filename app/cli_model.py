@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -170,7 +171,10 @@ def train(
     steps: Annotated[
         int | None,
         typer.Option(
-            "--steps", min=1, help="Total steps, split 4:1 over the two stages (default 15000)."
+            "--steps",
+            min=1,
+            help="Total steps, split over the stages in their proportions (default 15000: "
+            "12000 + 3000; with --base-model 4000: a quarter projector, the rest LoRA).",
         ),
     ] = None,
     numeric_mode: Annotated[
@@ -210,13 +214,31 @@ def train(
             "for calibration and validation ('radcaliper dataset hybrid --hold-out').",
         ),
     ] = None,
+    base_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--base-model",
+            help="A local Qwen2.5-VL checkpoint directory (config, safetensors, tokenizer; "
+            "nothing is downloaded) to fine-tune instead of the default tiny model: a projector "
+            "stage, then LoRA (rank 128, alpha 256).",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="Model name to record in the checkpoint (default: radcaliper-demo, or "
+            "radcaliper-<base model folder> with --base-model).",
+        ),
+    ] = None,
 ) -> None:
-    """Train the default measurer (tiny Circle-RoPE Qwen2.5-VL with RNED) on phantoms or on
-    datasets.
+    """Train the measurer (the default tiny Circle-RoPE Qwen2.5-VL with RNED, or a local
+    Qwen2.5-VL checkpoint with --base-model) on phantoms or on datasets.
 
-    Two stages (from scratch with a wide numeric label, then a refinement), deterministic for a
-    seed, resumable: state is saved every 1000 steps under OUT/train_state. Calibrate the result
-    with 'radcaliper calibrate OUT' before use.
+    Default model: two stages (from scratch with a wide numeric label, then a refinement).
+    --base-model: a projector stage (vision merger, numeric head, the [NUM] row), then LoRA.
+    Deterministic for a seed, resumable: state is saved every 1000 steps under
+    OUT/train_state. Calibrate the result with 'radcaliper calibrate OUT' before use.
     """
 
     from ingestion.errors import RadcaliperError
@@ -235,10 +257,20 @@ def train(
         raise typer.Exit(EXIT_NOTHING) from None
     if config_file is not None:
         config = _read_train_config(config_file)
+        if base_model is not None:
+            config = dataclasses.replace(config, base_model=str(base_model))
+    elif base_model is not None:
+        config = TrainConfig.for_base_model(
+            str(base_model), seed=seed, numeric_mode=mode, threads=threads
+        )
     else:
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
         config = _with_steps(config, steps)
+    if name is None:
+        name = "radcaliper-demo"
+        if config.base_model is not None:
+            name = "radcaliper-" + (Path(config.base_model).resolve().name or "base")
     if dataset is not None and phantoms_dir is not None:
         err.print("[red]error:[/red] give --dataset or --phantoms, not both")
         raise typer.Exit(EXIT_NOTHING)
@@ -280,6 +312,7 @@ def train(
                 config,
                 out_dir,
                 source,
+                name=name,
                 version=version,
                 provenance={"command": command},
                 resume=resume,
@@ -345,7 +378,6 @@ def calibrate(
     presence (the model's probability that something is at a candidate) of a reported finding,
     the lowest that keeps the false findings within --false-per-study.
     """
-    import dataclasses
     import math
 
     from ingestion.errors import RadcaliperError
@@ -501,16 +533,23 @@ def _read_train_config(path: Path) -> Any:
 
 
 def _with_steps(config: Any, steps: int) -> Any:
-    """``config`` with ``steps`` training steps: 80 % in the first stage, the rest in the second
-    (a one-stage configuration keeps one stage)."""
-    import dataclasses
-
-    first = max(1, round(steps * 0.8))
-    stages = (
-        dataclasses.replace(config.stages[0], steps=first),
-        *(dataclasses.replace(s, steps=steps - first) for s in config.stages[1:2]),
-    )
-    return dataclasses.replace(config, stages=stages)
+    """``config`` with ``steps`` training steps in all, split over its stages in the proportions
+    they have (the default 12,000 + 3,000 gives 80 % / 20 %; a real checkpoint's projector and
+    LoRA stages 25 % / 75 %), each stage at least one step while there are steps to give (fewer
+    steps than stages: the first stages get one each, the rest none)."""
+    stages = config.stages
+    if steps < len(stages):
+        counts = [1] * steps + [0] * (len(stages) - steps)
+    else:
+        total = sum(s.steps for s in stages)
+        counts = [max(1, round(steps * s.steps / total)) for s in stages[:-1]]
+        counts.append(steps - sum(counts))
+        while counts[-1] < 1:  # rounding left the last stage nothing: take from the largest
+            largest = counts.index(max(counts[:-1]))
+            counts[largest] -= 1
+            counts[-1] += 1
+    changed = tuple(dataclasses.replace(s, steps=n) for s, n in zip(stages, counts, strict=True))
+    return dataclasses.replace(config, stages=changed)
 
 
 RESULTS_BEGIN = "<!-- radcaliper evaluate: begin -->"

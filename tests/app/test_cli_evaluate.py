@@ -91,14 +91,26 @@ def test_a_config_that_is_not_a_training_configuration_is_one_line_exit_2(
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-def test_steps_split_80_20_over_the_stages_a_configuration_has(stages: int) -> None:
+@pytest.mark.parametrize(
+    ("lengths", "expected"),
+    [
+        ((7,), [100]),
+        ((12000, 3000), [80, 20]),  # the default model's stages
+        ((1000, 3000), [25, 75]),  # a real checkpoint's projector and LoRA stages
+        ((1, 1, 1), [33, 33, 34]),
+        ((1000, 1), [99, 1]),  # every stage keeps at least one step
+    ],
+)
+def test_steps_split_over_the_stages_in_their_proportions(
+    lengths: tuple[int, ...], expected: list[int]
+) -> None:
     from model.measurer.train import Stage, TrainConfig
 
-    config = TrainConfig.tiny(
-        seed=0, stages=tuple(Stage(f"s{i}", 7, 1e-3, warmup_steps=1) for i in range(stages))
-    )
+    stages = tuple(Stage(f"s{i}", n, 1e-3, warmup_steps=1) for i, n in enumerate(lengths))
+    config = TrainConfig.tiny(seed=0, stages=stages)
     changed = _with_steps(config, 100)
-    assert [s.steps for s in changed.stages] == [80, 20][:stages]
+    assert [s.steps for s in changed.stages] == expected
     assert [s.name for s in changed.stages] == [s.name for s in config.stages]
     assert changed.seed == config.seed and changed.numeric_mode == config.numeric_mode
+    fewer = _with_steps(config, len(lengths) - 1)  # fewer steps than stages: the first get one
+    assert [s.steps for s in fewer.stages] == [1] * (len(lengths) - 1) + [0]

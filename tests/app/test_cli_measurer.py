@@ -151,3 +151,49 @@ def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
         assert rule["coverage"] == 0.9 and rule["n"] >= 9 and rule["mae_mm"] >= 0
         assert rule["kind"] in ("absolute", "adaptive")
     assert "empirical" in result.stdout and "coverage" in result.stdout  # the table's column
+
+
+def test_train_base_model_runs_both_stages_and_names_the_run(tmp_path: Path, studies: Path) -> None:
+    """`radcaliper train OUT --base-model DIR`: a local Qwen2.5-VL directory (here a tiny one
+    with random weights) fine-tuned in its two stages, split by --steps in their proportions,
+    the checkpoint named after the base model; it measures through `radcaliper measure`."""
+    from model.measurer.base import write_random_base_model
+    from model.measurer.data import MeasureInputs
+    from model.measurer.find import FindInputs
+    from model.measurer.train import PoolSettings, TrainConfig
+
+    base = write_random_base_model(tmp_path / "qwen-tiny", "tiny", seed=0)
+    small = TrainConfig.for_base_model(
+        "unused",  # --base-model below replaces it
+        measure_batch=1,
+        find_batch=1,
+        point_batch=1,
+        measure_inputs=MeasureInputs(
+            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
+        ),
+        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
+        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
+        lora_rank=4,
+        lora_alpha=8,
+        threads=1,
+    )
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(small.to_json()))
+    out = tmp_path / "run"
+    args = ["train", str(out), "--config", str(config), "--base-model", str(base)]
+    result = runner.invoke(app, [*args, "--steps", "4"])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((out / SETTINGS_NAME).read_text())
+    assert settings["name"] == "radcaliper-qwen-tiny"
+    trained = settings["training"]["config"]
+    assert trained["base_model"] == str(base)
+    assert [(s["trainable"], s["steps"]) for s in trained["stages"]] == [
+        ("projector", 1),
+        ("lora", 3),
+    ]
+    series = str(studies / "phantom_0000" / "dicom")
+    measured = runner.invoke(app, ["measure", series, "--model", str(out), "--json", "--no-store"])
+    assert measured.exit_code == 0, measured.output
+    assert json.loads(measured.stdout)["model"]["name"] == "radcaliper-qwen-tiny"
+    help_text = runner.invoke(app, ["train", "--help"]).output
+    assert "--base-model" in help_text and "--name" in help_text
