@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         CircleRopeQwen2_5_VLModel,
         CircleRopeQwen2_5_VLTextModel,
         CircleRopeRotaryEmbedding,
+        register_auto_classes,
         split_position_ids,
     )
     from model.circle_rope.positions import (
@@ -37,6 +38,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "CircleRopeQwen2_5_VLModel",
         "CircleRopeQwen2_5_VLTextModel",
         "CircleRopeRotaryEmbedding",
+        "register_auto_classes",
         "split_position_ids",
     ),
     "model.circle_rope.positions": (
@@ -63,6 +65,7 @@ __all__ = [
     "mrope_position_ids",
     "multimodal_position_ids",
     "per_token_distance",
+    "register_auto_classes",
     "resolve_radius",
     "split_position_ids",
 ]

@@ -55,6 +55,7 @@ __all__ = [
     "CircleRopeQwen2_5_VLModel",
     "CircleRopeQwen2_5_VLTextModel",
     "CircleRopeRotaryEmbedding",
+    "register_auto_classes",
     "split_position_ids",
 ]
 
@@ -141,16 +142,13 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
         config: Any = self.config
         masks: Any = attention_mask
         if not isinstance(masks, dict):  # ``generate`` may have built them already
-            mask_kwargs: dict[str, Any] = {
-                "config": config,
-                "inputs_embeds": inputs_embeds,
-                "attention_mask": attention_mask,
-                "past_key_values": past_key_values,
-                "position_ids": text_ids,
-            }
-            masks = {"full_attention": create_causal_mask(**mask_kwargs)}
+            # the cache goes by position: transformers 5.24 renamed it (past_key_values -> cache)
+            mask_args = (config, inputs_embeds, attention_mask, past_key_values)
+            masks = {"full_attention": create_causal_mask(*mask_args, position_ids=text_ids)}
             if self.has_sliding_layers:
-                masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+                masks["sliding_attention"] = create_sliding_window_causal_mask(
+                    *mask_args, position_ids=text_ids
+                )
 
         hidden = inputs_embeds
         mrope_table = self.rotary_emb(hidden, mrope_ids)
@@ -405,3 +403,21 @@ def _register_weight_names() -> None:
 
 def _is_ids(tensor: torch.Tensor) -> bool:
     return tensor.dim() == 2 and tensor.dtype in (torch.int32, torch.int64)
+
+
+def register_auto_classes() -> None:
+    """Register the Circle-RoPE classes with transformers' Auto classes (idempotent):
+    ``AutoConfig`` for the model type ``circle_rope_qwen2_5_vl``, ``AutoModel`` and
+    ``AutoModelForImageTextToText``, so that a saved checkpoint loads with them. Importing this
+    module calls it."""
+    from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
+
+    config = CircleRopeQwen2_5_VLConfig
+    AutoConfig.register(config.model_type, config, exist_ok=True)
+    AutoModel.register(CircleRopeQwen2_5_VLConfig, CircleRopeQwen2_5_VLModel, exist_ok=True)
+    AutoModelForImageTextToText.register(
+        CircleRopeQwen2_5_VLConfig, CircleRopeQwen2_5_VLForConditionalGeneration, exist_ok=True
+    )
+
+
+register_auto_classes()  # a dictionary entry per class, as transformers' own models do

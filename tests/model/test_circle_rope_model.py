@@ -10,6 +10,8 @@ plain Qwen2.5-VL, multi-frame images, NumericLM generation on the variant, confi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from model.circle_rope.modeling import (
     split_position_ids,
 )
 from model.circle_rope.positions import multimodal_position_ids
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = 4
 KW = tiny_qwen2_5_vl_kwargs(num_layers=LAYERS)
@@ -266,6 +270,34 @@ def test_save_and_load_from_a_local_directory(
     prompt = inputs()
     with torch.no_grad():
         assert torch.equal(loaded(**prompt).logits, model(**prompt).logits)
+
+
+def test_a_saved_checkpoint_loads_with_the_auto_classes_after_importing_ours(
+    stock: Qwen2_5_VLForConditionalGeneration, tmp_path: Path
+) -> None:
+    """transformers alone does not know the model type; importing radcaliper's modeling module
+    registers it (run in a fresh process: this one has imported it already)."""
+    model = circle_model(stock, "alternate")
+    model.save_pretrained(tmp_path)
+    script = f"""
+import torch
+from transformers import AutoConfig, AutoModelForImageTextToText
+try:
+    AutoConfig.from_pretrained({str(tmp_path)!r})
+except ValueError as exc:
+    print("unknown before:", "circle_rope_qwen2_5_vl" in str(exc))
+import model.circle_rope.modeling
+config = AutoConfig.from_pretrained({str(tmp_path)!r})
+loaded = AutoModelForImageTextToText.from_pretrained({str(tmp_path)!r})
+print(type(config).__name__, type(loaded).__name__, config.circle_rope_strategy)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.splitlines() == [
+        "unknown before: True",
+        "CircleRopeQwen2_5_VLConfig CircleRopeQwen2_5_VLForConditionalGeneration alternate",
+    ]
 
 
 def test_converts_a_plain_qwen2_5_vl_directory(
