@@ -267,10 +267,6 @@ def train(
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
         config = _with_steps(config, steps)
-    if name is None:
-        name = "radcaliper-demo"
-        if config.base_model is not None:
-            name = "radcaliper-" + (Path(config.base_model).resolve().name or "base")
     if dataset is not None and phantoms_dir is not None:
         err.print("[red]error:[/red] give --dataset or --phantoms, not both")
         raise typer.Exit(EXIT_NOTHING)

@@ -750,7 +750,7 @@ def train(
     out_dir: str | Path,
     source: StudySource,
     *,
-    name: str = "radcaliper-demo",
+    name: str | None = None,
     version: str = "0.1.0",
     provenance: Mapping[str, Any] | None = None,
     resume: bool = True,
@@ -761,6 +761,8 @@ def train(
 ) -> Path:
     """Train the measurer on ``source`` into the checkpoint directory ``out_dir``.
 
+    ``name``: the checkpoint's model name; default ``radcaliper-demo``, or
+    ``radcaliper-<folder name>`` of ``config.base_model``.
     ``device``: default a CUDA GPU where there is one (bf16 autocast), else the CPU (float32).
     ``domain``: the validated domain written into the checkpoint; default
     :func:`domain_for_training` of ``source`` (read before the first step).
@@ -788,6 +790,10 @@ def train(
     extra["source"] = source.describe()
     if domain is None:
         domain = domain_for_training(source)
+    if name is None:  # a base model's run is named after it, not after the demo
+        name = "radcaliper-demo"
+        if config.base_model is not None:
+            name = "radcaliper-" + (Path(config.base_model).resolve().name or "base")
     settings = _settings(config, name, version, head_options, extra, domain)
     lora_step = _lora_from(config)
 
