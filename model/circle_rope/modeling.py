@@ -47,6 +47,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
+from model._transformers import CACHE
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.positions import multimodal_position_ids
 
@@ -125,8 +126,13 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
+        """The decoder (transformers' own, a rotary table per geometry). The key-value cache
+        comes as ``past_key_values`` (transformers < 5.24) or ``cache`` (5.24 on)."""
+        if cache is not None:
+            past_key_values = cache
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if use_cache and past_key_values is None and not torch.jit.is_tracing():  # type: ignore[attr-defined]
@@ -161,12 +167,13 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
                 attention_mask=masks[config.layer_types[i]],
                 position_embeddings=circle_table if self.circle_layers[i] else mrope_table,
                 position_ids=text_ids,
-                past_key_values=past_key_values,
                 use_cache=use_cache,
+                **{CACHE: past_key_values},
                 **kwargs,
             )
         hidden = self.norm(hidden)  # (B, L, D)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
+        cached: dict[str, Any] = {CACHE: past_key_values}
+        return BaseModelOutputWithPast(last_hidden_state=hidden, **cached)
 
 
 def _continue_positions(text: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
@@ -259,12 +266,16 @@ class CircleRopeQwen2_5_VLModel(Qwen2_5_VLModel):
         video_grid_thw: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        past_key_values: Cache | None = None,
         second_per_grid_ts: torch.Tensor | None = None,
         mm_token_type_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
     ) -> torch.Tensor | None:
         """Positions for ``forward`` calls without ``position_ids``: both geometries from the ids
-        on a first pass, else each continued from its own remembered delta."""
+        on a first pass, else each continued from its own remembered delta. The key-value cache
+        comes as ``past_key_values`` (transformers < 5.24) or ``cache`` (5.24 on)."""
+        if cache is not None:
+            past_key_values = cache
         if not self.uses_circle:
             if mm_token_type_ids is None and input_ids is not None:
                 mm_token_type_ids = self.token_types(input_ids)
@@ -275,9 +286,9 @@ class CircleRopeQwen2_5_VLModel(Qwen2_5_VLModel):
                 video_grid_thw=video_grid_thw,
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
                 second_per_grid_ts=second_per_grid_ts,
                 mm_token_type_ids=mm_token_type_ids,
+                **{CACHE: past_key_values},
             )
             return positions
         past = 0 if past_key_values is None else past_key_values.get_seq_length()
@@ -364,7 +375,7 @@ class CircleRopeQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGener
         text = GenerationMixin._prepare_position_ids_for_generation(
             self, inputs_tensor, model_kwargs
         )
-        cache = model_kwargs.get("past_key_values")
+        cache = model_kwargs.get(CACHE)
         past = cache.get_seq_length() if cache is not None else 0
         input_ids = model_kwargs.get("input_ids")
         if input_ids is None or input_ids.shape[1] == 0:

@@ -154,11 +154,13 @@ class NumericLM(nn.Module):
         ``attention_mask`` covers the cache and the new tokens; ``last_only`` keeps only the last
         position's logits (L' = 1) where the model supports ``logits_to_keep``.
         """
+        from model._transformers import CACHE  # transformers is imported by the model already
+
         kwargs: dict[str, Any] = {
             "inputs_embeds": inputs_embeds,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "past_key_values": past_key_values,
+            CACHE: past_key_values,
             "use_cache": use_cache,
         }
         if last_only and self._keeps_logits:
@@ -171,7 +173,7 @@ class NumericLM(nn.Module):
                 "NumericLM needs a causal LM whose logits come from get_output_embeddings()"
             )
         logits = cast(torch.Tensor, out.logits)
-        cache = out.past_key_values if use_cache else None
+        cache = getattr(out, CACHE) if use_cache else None
         return logits, captured[0], cache
 
     # --- training ------------------------------------------------------------------------------
