@@ -259,7 +259,7 @@ class CircleRopeQwen2_5_VLModel(Qwen2_5_VLModel):
         deltas = torch.cat((p.mrope_deltas.to(torch.float32), p.circle_deltas), dim=1)  # (B, 2)
         return positions, deltas
 
-    def compute_3d_position_ids(  # type: ignore[override]
+    def compute_3d_position_ids(  # type: ignore[override,unused-ignore]  # override on 5.23 only
         self,
         input_ids: torch.Tensor | None,
         image_grid_thw: torch.Tensor | None,

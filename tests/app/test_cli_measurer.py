@@ -16,7 +16,7 @@ from ingestion.phantoms import write_phantoms
 from model.measurer.checkpoint import SETTINGS_NAME, default_checkpoint
 
 from conftest import SeriesFactory
-from measurer_helpers import TINY
+from measurer_helpers import TINY, small_base_config
 
 runner = CliRunner()
 
@@ -158,25 +158,9 @@ def test_train_base_model_runs_both_stages_and_names_the_run(tmp_path: Path, stu
     with random weights) fine-tuned in its two stages, split by --steps in their proportions,
     the checkpoint named after the base model; it measures through `radcaliper measure`."""
     from model.measurer.base import write_random_base_model
-    from model.measurer.data import MeasureInputs
-    from model.measurer.find import FindInputs
-    from model.measurer.train import PoolSettings, TrainConfig
 
     base = write_random_base_model(tmp_path / "qwen-tiny", "tiny", seed=0)
-    small = TrainConfig.for_base_model(
-        "unused",  # --base-model below replaces it
-        measure_batch=1,
-        find_batch=1,
-        point_batch=1,
-        measure_inputs=MeasureInputs(
-            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
-        ),
-        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
-        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
-        lora_rank=4,
-        lora_alpha=8,
-        threads=1,
-    )
+    small = small_base_config("unused", measure_batch=1)  # --base-model below replaces it
     config = tmp_path / "small.json"
     config.write_text(json.dumps(small.to_json()))
     out = tmp_path / "run"

@@ -22,12 +22,13 @@ from model.measurer.base import (
     write_random_base_model,
 )
 from model.measurer.checkpoint import NumericMode, load_checkpoint
-from model.measurer.data import MeasureInputs, phantom_volume
-from model.measurer.find import FindInputs
+from model.measurer.data import phantom_volume
 from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
 from model.measurer.tokenizer import NUM
-from model.measurer.train import BackboneSize, PoolSettings, StepReport, TrainConfig, train
+from model.measurer.train import StepReport, train
+
+from measurer_helpers import small_base_config
 
 
 @pytest.fixture(scope="module")
@@ -82,24 +83,7 @@ def test_bad_base_directories_are_named(tmp_path: Path, qwen_dir: Path) -> None:
 def test_projector_then_lora_training_resumes_and_ships_merged(
     qwen_dir: Path, tmp_path: Path
 ) -> None:
-    config = TrainConfig.for_base_model(
-        str(qwen_dir),
-        steps=4,
-        seed=2,
-        size=BackboneSize(hidden_size=64),
-        measure_batch=2,
-        find_batch=1,
-        point_batch=1,
-        measure_inputs=MeasureInputs(
-            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
-        ),
-        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
-        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
-        lora_rank=4,
-        lora_alpha=8,
-        checkpoint_every=1,
-        threads=1,
-    )
+    config = small_base_config(qwen_dir, steps=4, seed=2, checkpoint_every=1)
     assert [s.trainable for s in config.stages] == ["projector", "lora"]
     whole = train(config, tmp_path / "whole", PhantomSource(1))
 
@@ -189,24 +173,8 @@ def test_the_stages_train_their_parameters_and_the_num_rows_nothing_else(
     the end. No numeric head reads the [NUM] input row (RNED puts the value's rotary encoding
     in its place, xVal its own scaled vector), so an untied input matrix stays as released."""
     base = write_random_base_model(tmp_path / "base", "tiny", tied=tied, seed=0)
-    config = TrainConfig.for_base_model(
-        str(base),
-        numeric_mode=mode,
-        steps=2,  # one projector step, one LoRA step
-        seed=3,
-        size=BackboneSize(hidden_size=64),
-        measure_batch=2,
-        find_batch=1,
-        point_batch=1,
-        measure_inputs=MeasureInputs(
-            pixel_mm=1.5, size=56, window=(40.0, 160.0), contrast=False, jitter_mm=2.0
-        ),
-        find_inputs=FindInputs(pixel_mm=3.0, size=112, coordinates=False),
-        pool=PoolSettings(size=2, initial=2, studies_per_step=0.0, planes_per_study=1),
-        lora_rank=4,
-        lora_alpha=8,
-        threads=1,
-    )
+    # one projector step, one LoRA step
+    config = small_base_config(base, numeric_mode=mode, steps=2, seed=3)
     after_projector: dict[str, torch.Tensor] = {}
 
     def keep(report: StepReport) -> None:
