@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.narrow:
-        logger.error("no GPU here: the full %s shape needs one; pass --narrow", args.shape)
+        logger.error(
+            "no GPU here: the full %s shape needs one; pass --narrow (gpu_check.sh --tiny)",
+            args.shape,
+        )
         return 2
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     import transformers

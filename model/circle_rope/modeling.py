@@ -425,9 +425,9 @@ def register_auto_classes() -> None:
 
     config = CircleRopeQwen2_5_VLConfig
     AutoConfig.register(config.model_type, config, exist_ok=True)
-    AutoModel.register(CircleRopeQwen2_5_VLConfig, CircleRopeQwen2_5_VLModel, exist_ok=True)
+    AutoModel.register(config, CircleRopeQwen2_5_VLModel, exist_ok=True)
     AutoModelForImageTextToText.register(
-        CircleRopeQwen2_5_VLConfig, CircleRopeQwen2_5_VLForConditionalGeneration, exist_ok=True
+        config, CircleRopeQwen2_5_VLForConditionalGeneration, exist_ok=True
     )
 
 

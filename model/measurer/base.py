@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,26 +161,23 @@ def merge_lora(model: nn.Module) -> int:
     return merged
 
 
-def qwen_like_tokenizer(special_tokens: Mapping[str, int] | None = None) -> PreTrainedTokenizerFast:
+def qwen_like_tokenizer(*, released_ids: bool = True) -> PreTrainedTokenizerFast:
     """A word-level stand-in for Qwen2.5-VL's tokenizer, without ``[NUM]`` (as a real one).
 
-    The measurer's words (``VOCAB`` less ``[NUM]`` and the special tokens) take ids 0, 1, ...;
-    each of Qwen's special tokens takes its id in ``special_tokens`` (default
-    ``model.backbone.QWEN_SPECIAL_TOKENS``, the released ids: 151,657 entries in all), which
-    must be consecutive; reserved tokens fill the gap between the words and the first one.
+    The measurer's words (``VOCAB`` less ``[NUM]`` and Qwen's special tokens) take ids 0, 1, ...
+    Qwen's special tokens (``model.backbone.QWEN_SPECIAL_TOKENS``) follow: ``released_ids`` at
+    their released ids, reserved tokens filling the gap (151,657 entries in all), else right
+    after the words.
     """
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from model.backbone import QWEN_SPECIAL_TOKENS
 
-    specials = dict(QWEN_SPECIAL_TOKENS if special_tokens is None else special_tokens)
-    words = [t for t in VOCAB if t != NUM and t not in specials]
-    first = min(specials.values())
-    if first < len(words) or sorted(specials.values()) != list(range(first, first + len(specials))):
-        raise ValueError(
-            f"special token ids {specials} must be consecutive and follow the {len(words)} words"
-        )
+    words = [t for t in VOCAB if t != NUM and t not in QWEN_SPECIAL_TOKENS]
+    specials = dict(QWEN_SPECIAL_TOKENS)  # consecutive ids, in order
+    first = min(specials.values()) if released_ids else len(words)
+    specials = {t: first + i for i, t in enumerate(specials)}
     vocab = {t: i for i, t in enumerate(words)}
     vocab.update({f"<|reserved_{i}|>": i for i in range(len(words), first)})
     vocab.update(specials)
@@ -227,30 +223,17 @@ def write_random_base_model(
         Qwen2VLImageProcessor,
     )
 
-    from model.backbone import (
-        QWEN_SPECIAL_TOKENS,
-        published_qwen2_5_vl_kwargs,
-        tiny_qwen2_5_vl_kwargs,
-    )
+    from model.backbone import published_qwen2_5_vl_kwargs, tiny_qwen2_5_vl_kwargs
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     dtype = torch.float32
     if shape == "tiny":
-        after = len([t for t in VOCAB if t != NUM and t not in QWEN_SPECIAL_TOKENS])
-        tokenizer = qwen_like_tokenizer({t: after + i for i, t in enumerate(QWEN_SPECIAL_TOKENS)})
-        vocab = tokenizer.get_vocab()
-        ids = {
-            "bos": vocab["<|im_start|>"],
-            "eos": vocab["<|im_end|>"],
-            "pad": vocab["<|endoftext|>"],
-            "image": vocab["<|image_pad|>"],
-            "video": vocab["<|video_pad|>"],
-            "vision_start": vocab["<|vision_start|>"],
-            "vision_end": vocab["<|vision_end|>"],
-        }
+        tokenizer = qwen_like_tokenizer(released_ids=False)
         kwargs = tiny_qwen2_5_vl_kwargs(
-            vocab_size=len(vocab), special_ids=ids, initializer_range=0.02
+            vocab_size=len(tokenizer),
+            special_ids=special_ids(tokenizer, with_num=False),
+            initializer_range=0.02,
         )
     else:
         tokenizer = qwen_like_tokenizer()

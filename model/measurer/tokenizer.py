@@ -173,18 +173,20 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> PreTrainedTokenizerFast
     return tokenizer
 
 
-def special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+def special_ids(tokenizer: PreTrainedTokenizerBase, *, with_num: bool = True) -> dict[str, int]:
     """Ids of the special tokens by role: the keys of ``tiny_qwen2_5_vl_kwargs(special_ids=)``.
 
-    Keys: ``bos``, ``eos``, ``pad``, ``image``, ``video``, ``vision_start``, ``vision_end`` and
-    ``num`` (the ``[NUM]`` token, ``NumericLM``'s ``num_token_id``). Raises ``ValueError``
-    naming the tokens a tokenizer lacks.
+    Keys: ``bos``, ``eos``, ``pad``, ``image``, ``video``, ``vision_start``, ``vision_end`` and,
+    ``with_num``, ``num`` (the ``[NUM]`` token, ``NumericLM``'s ``num_token_id``; a released
+    Qwen tokenizer has none until ``load_base_model`` adds it). Raises ``ValueError`` naming the
+    tokens a tokenizer lacks.
     """
+    roles = {r: t for r, t in _SPECIAL_IDS.items() if with_num or r != "num"}
     vocab = tokenizer.get_vocab()
-    missing = [token for token in _SPECIAL_IDS.values() if token not in vocab]
+    missing = [token for token in roles.values() if token not in vocab]
     if missing:
         raise ValueError(
             f"tokenizer lacks the tokens {missing}; use build_tokenizer(), or add them to the "
             "tokenizer (and resize the model's embeddings) first"
         )
-    return {role: int(vocab[token]) for role, token in _SPECIAL_IDS.items()}
+    return {role: int(vocab[token]) for role, token in roles.items()}

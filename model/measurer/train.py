@@ -390,54 +390,55 @@ def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
     """Set ``requires_grad`` for the stage and return the trainable parameters.
 
     ``projector`` and ``lora`` (a real checkpoint) train the vision merger, the numeric head and
-    the ``[NUM]`` row of the output embeddings (:func:`_num_rows`; the other rows stay as
+    the ``[NUM]`` row of the output embeddings (:func:`_num_row_matrix`; the other rows stay as
     released), and ``lora`` the adapters too."""
-    rows = {id(p) for p in _num_rows(lm)} if stage.trainable != "all" else set()
+    row = _num_row_matrix(lm)
     for name, parameter in lm.named_parameters():
         if stage.trainable == "all":
             parameter.requires_grad_(True)
             continue
         keep = name.startswith("numeric_head.") or ".visual.merger." in name
-        keep = keep or id(parameter) in rows
+        keep = keep or parameter is row
         if stage.trainable == "lora":  # peft marks its adapters trainable; keep them
             keep = keep or "lora_" in name
         parameter.requires_grad_(keep)
     return [p for p in lm.parameters() if p.requires_grad]
 
 
-def _num_rows(lm: NumericLM) -> list[nn.Parameter]:
+def _num_row_matrix(lm: NumericLM) -> nn.Parameter | None:
     """The embedding matrix of which a real checkpoint's stages train only the ``[NUM]`` row:
     the output embeddings (the input ones too when tied), whose row is the logit that makes
     the model write ``[NUM]``. The input row is never read: every numeric head puts the value's
     own embedding in its place (RNED its rotary encoding, xVal its scaled vector), so an untied
     input row is left out. None without a numeric head."""
     if lm.num_token_id is None:
-        return []
-    model: Any = lm.model
-    output = model.get_output_embeddings()
-    return [] if output is None else [output.weight]
+        return None
+    output = cast(Any, lm.model).get_output_embeddings()
+    return None if output is None else cast(nn.Parameter, output.weight)
 
 
 def _row_optimizer(
     lm: NumericLM, parameters: Sequence[nn.Parameter], stage: Stage, weight_decay: float
 ) -> tuple[torch.optim.Optimizer, list[torch.utils.hooks.RemovableHandle]]:
-    """AdamW over ``parameters``; the embedding matrix of :func:`_num_rows` among them gets its
-    gradient masked to the ``[NUM]`` row and no weight decay, so that AdamW leaves every other
-    row exactly as it was (zero gradient, zero moments, zero update). Returns the optimizer and
-    the hooks to remove when the stage ends."""
-    trained = {id(p) for p in parameters}
-    rows = [p for p in _num_rows(lm) if id(p) in trained] if stage.trainable != "all" else []
-    handles = []
-    for matrix in rows:
-        mask = torch.zeros(matrix.shape[0], 1, dtype=matrix.dtype, device=matrix.device)
-        mask[cast(int, lm.num_token_id)] = 1.0
-        handles.append(matrix.register_hook(lambda grad, mask=mask: grad * mask))
-    masked = {id(p) for p in rows}
-    groups: list[dict[str, Any]] = [{"params": [p for p in parameters if id(p) not in masked]}]
-    if rows:
-        groups.append({"params": rows, "weight_decay": 0.0})
+    """AdamW over ``parameters``. In a real checkpoint's stages the matrix of
+    :func:`_num_row_matrix` gets its gradient masked to the ``[NUM]`` row and no weight decay,
+    so that AdamW leaves every other row exactly as it was (zero gradient, zero moments, zero
+    update). Returns the optimizer and the hook to remove when the stage ends."""
+    row = _num_row_matrix(lm) if stage.trainable != "all" else None
+    if row is None or not row.requires_grad:
+        optimizer = torch.optim.AdamW(
+            parameters, lr=stage.lr, weight_decay=weight_decay, foreach=False
+        )
+        return optimizer, []
+    mask = torch.zeros(row.shape[0], 1, dtype=row.dtype, device=row.device)
+    mask[cast(int, lm.num_token_id)] = 1.0
+    hook = row.register_hook(lambda grad: grad * mask)
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in parameters if p is not row]},
+        {"params": [row], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=stage.lr, weight_decay=weight_decay, foreach=False)
-    return optimizer, handles
+    return optimizer, [hook]
 
 
 def _lr_factor(step_in_stage: int, stage: Stage) -> float:
@@ -780,11 +781,11 @@ def train(
     from model.measurer.base import add_lora, merge_lora
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if config.threads:
         torch.set_num_threads(config.threads)
-    lm, tokenizer, head_options = _build(config)
+    lm, tokenizer, head_options = _build(config)  # a bad base model fails before OUT exists
+    out.mkdir(parents=True, exist_ok=True)
     head = lm.numeric_head
     extra = dict(provenance or {})
     extra["source"] = source.describe()

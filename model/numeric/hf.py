@@ -86,6 +86,9 @@ class NumericLM(nn.Module):
         self.num_token_id = num_token_id
         self.backbone = _backbone_for(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        from model._transformers import CACHE  # the model has imported transformers already
+
+        self._cache_name = CACHE  # the key-value cache's keyword and output field
 
     # --- embeddings ----------------------------------------------------------------------------
 
@@ -154,13 +157,11 @@ class NumericLM(nn.Module):
         ``attention_mask`` covers the cache and the new tokens; ``last_only`` keeps only the last
         position's logits (L' = 1) where the model supports ``logits_to_keep``.
         """
-        from model._transformers import CACHE  # transformers is imported by the model already
-
         kwargs: dict[str, Any] = {
             "inputs_embeds": inputs_embeds,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            CACHE: past_key_values,
+            self._cache_name: past_key_values,
             "use_cache": use_cache,
         }
         if last_only and self._keeps_logits:
@@ -173,7 +174,7 @@ class NumericLM(nn.Module):
                 "NumericLM needs a causal LM whose logits come from get_output_embeddings()"
             )
         logits = cast(torch.Tensor, out.logits)
-        cache = getattr(out, CACHE) if use_cache else None
+        cache = getattr(out, self._cache_name) if use_cache else None
         return logits, captured[0], cache
 
     # --- training ------------------------------------------------------------------------------

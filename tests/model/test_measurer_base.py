@@ -150,9 +150,12 @@ def test_a_narrow_published_shape_loads_with_qwens_ids_and_num_after_them(tmp_pa
     assert tokenizer.tokenize("[NUM] x 18 mm") == [NUM, "x", "1", "8", "mm"]
 
 
-def test_the_stand_in_tokenizer_refuses_special_ids_among_the_words() -> None:
-    with pytest.raises(ValueError, match="consecutive and follow"):
-        qwen_like_tokenizer({"<|endoftext|>": 3, "<|im_start|>": 4})
+def test_the_stand_in_tokenizer_puts_qwens_tokens_at_released_ids_or_after_the_words() -> None:
+    released, compact = qwen_like_tokenizer(), qwen_like_tokenizer(released_ids=False)
+    assert len(released) == max(QWEN_SPECIAL_TOKENS.values()) + 1 == 151657
+    ids = [compact.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS]
+    assert ids == list(range(len(compact) - len(QWEN_SPECIAL_TOKENS), len(compact)))
+    assert NUM not in released.get_vocab() and NUM not in compact.get_vocab()
 
 
 def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
