@@ -1,4 +1,4 @@
-"""The measurer's commands: measure, train, calibrate, evaluate and serve (registered on the
+"""The measurer's commands: measure, train, export-model, calibrate, evaluate and serve (registered on the
 ``radcaliper`` app by ``app.cli``). Heavy libraries are imported inside each command."""
 
 from __future__ import annotations
@@ -318,6 +318,38 @@ def train(
             err.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(EXIT_NOTHING) from None
     out.print(f"Trained model written to {out_dir}; calibrate it: radcaliper calibrate {out_dir}")
+
+
+def export_model(
+    model_dir: Annotated[
+        Path, typer.Argument(help="A trained checkpoint (from 'radcaliper train --base-model').")
+    ],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the standalone checkpoint to.")],
+    base_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--base-model",
+            help="Where the base Qwen2.5-VL now is, if it moved since training (its weights must "
+            "be the ones trained from: their sha256 is checked).",
+        ),
+    ] = None,
+) -> None:
+    """Write a standalone checkpoint: the base model with the fine-tuned changes merged in
+    (LoRA adapters, projector, [NUM] rows), loadable without the base model folder and by
+    transformers' Auto classes after importing radcaliper's model package.
+
+    'radcaliper train --base-model' saves only what fine-tuning changed (a few per cent of the
+    model) and needs the base folder to load; this writes the whole model.
+    """
+    from ingestion.errors import RadcaliperError
+    from model.measurer.checkpoint import export_checkpoint
+
+    try:
+        written = export_checkpoint(model_dir, out_dir, base_model=base_model)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    out.print(f"Standalone checkpoint written to {written}")
 
 
 def calibrate(

@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LORA_TARGETS",
+    "NumLogitRow",
     "add_lora",
+    "base_weights_dtype",
+    "base_weights_hash",
+    "fine_tuned",
     "load_base_model",
     "lora_parameters",
     "merge_lora",
@@ -128,6 +132,91 @@ def load_base_model(
                 output.weight[-1] = output.weight[:-1].mean(dim=0)
     special_ids(tokenizer)  # raises naming any Qwen special token the tokenizer lacks
     return model, tokenizer
+
+
+def fine_tuned(name: str) -> bool:
+    """Whether a parameter of a real checkpoint's model (a ``state_dict`` name of the
+    Circle-RoPE Qwen2.5-VL, LoRA injected or not) is one fine-tuning trains: the vision merger
+    (the projector) and the LoRA adapters. The ``[NUM]`` logit row (:class:`NumLogitRow`) and
+    the numeric head are the rest of what a base-model run changes."""
+    return ".visual.merger." in name or "lora_" in name
+
+
+class NumLogitRow(torch.nn.Module):
+    """The ``[NUM]`` row of a real checkpoint's output embeddings as its own float32 parameter.
+
+    Fine-tuning trains only this row of the output matrix: it is the logit that makes the
+    model write ``[NUM]``. Holding it apart, rather than masking the gradient of the whole
+    matrix, keeps the matrix frozen in its own dtype and spares its gradient and AdamW moments
+    (151k x 2048 at 3B: 3.4 GiB). While attached, a forward hook on the output embeddings puts
+    this row's logit in place of the matrix's; :meth:`write_back` copies it into the matrix
+    (shared with the input embeddings when tied; no numeric head reads the ``[NUM]`` input
+    row) and detaches the hook.
+    """
+
+    def __init__(self, output: nn.Module, num_id: int) -> None:
+        super().__init__()
+        matrix = output.weight
+        if not isinstance(matrix, torch.Tensor) or not 0 <= num_id < matrix.shape[0]:
+            raise ValueError(f"[NUM] id {num_id} is not a row of the output embeddings")
+        self.num_id = num_id
+        self.weight = torch.nn.Parameter(matrix.detach()[num_id].float().clone())
+        self._output: nn.Module | None = output
+        self._handle = output.register_forward_hook(self._replace)
+
+    def _replace(self, _: nn.Module, args: tuple[Any, ...], logits: torch.Tensor) -> torch.Tensor:
+        hidden = args[0]
+        row = torch.nn.functional.linear(hidden, self.weight.to(hidden.dtype)[None])
+        logits[..., self.num_id] = row[..., 0].to(logits.dtype)
+        return logits
+
+    def write_back(self) -> None:
+        """Copy the row into the output matrix and remove the hook (idempotent)."""
+        if self._output is None:
+            return
+        matrix = self._output.weight
+        assert isinstance(matrix, torch.Tensor)
+        with torch.no_grad():
+            matrix[self.num_id] = self.weight.detach().to(matrix.dtype)
+        self._handle.remove()
+        self._output = None
+
+
+def base_weights_hash(directory: str | Path) -> str:
+    """sha256 over a local checkpoint's ``config.json`` and safetensors files (names and
+    bytes, sorted): the identity of the base model a fine-tuned checkpoint builds on."""
+    import hashlib
+
+    path = Path(directory)
+    files = sorted([path / "config.json", *path.glob("*.safetensors")])
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def base_weights_dtype(directory: str | Path) -> torch.dtype:
+    """The floating-point dtype a local checkpoint stores most of its weights in (read from
+    the safetensors headers, no weights loaded): what a fine-tuned delta of it is stored in."""
+    counts: dict[torch.dtype, int] = {}
+    for file in Path(directory).glob("*.safetensors"):
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        for name, entry in header.items():
+            dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype")) if name != "__metadata__" else None
+            if dtype is not None:
+                begin, end = entry["data_offsets"]
+                counts[dtype] = counts.get(dtype, 0) + end - begin
+    if not counts:
+        raise ModelError(f"{directory}: no floating-point weights in its safetensors files")
+    return max(counts, key=lambda d: counts[d])
 
 
 def add_lora(model: nn.Module, *, rank: int = 128, alpha: int = 256, dropout: float = 0.0) -> int:

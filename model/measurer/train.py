@@ -38,10 +38,12 @@ from ingestion.errors import ConfigurationError
 from ingestion.phantoms import PhantomSpec
 from ingestion.volume import Modality, Volume
 from model.measurer.checkpoint import (
+    BaseReference,
     MeasurerSettings,
     NumericMode,
     build_head,
     save_checkpoint,
+    save_delta_checkpoint,
 )
 from model.measurer.data import MeasureInputs, collate, encode_example
 from model.measurer.domain import DataSource, Domain, DomainContrast
@@ -80,6 +82,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+NUM_ROW = "num_row"  # the NumericLM submodule holding a real checkpoint's [NUM] logit row
 STATE_DIR = "train_state"
 STATE_NAME = "state.json"
 LM_NAME = "lm.safetensors"
@@ -390,55 +393,27 @@ def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
     """Set ``requires_grad`` for the stage and return the trainable parameters.
 
     ``projector`` and ``lora`` (a real checkpoint) train the vision merger, the numeric head and
-    the ``[NUM]`` row of the output embeddings (:func:`_num_row_matrix`; the other rows stay as
-    released), and ``lora`` the adapters too."""
-    row = _num_row_matrix(lm)
+    the ``[NUM]`` logit row (``NUM_ROW``, a :class:`~model.measurer.base.NumLogitRow`; the
+    embedding matrices stay frozen), and ``lora`` the adapters too."""
+    from model.measurer.base import fine_tuned
+
     for name, parameter in lm.named_parameters():
         if stage.trainable == "all":
             parameter.requires_grad_(True)
             continue
-        keep = name.startswith("numeric_head.") or ".visual.merger." in name
-        keep = keep or parameter is row
-        if stage.trainable == "lora":  # peft marks its adapters trainable; keep them
-            keep = keep or "lora_" in name
+        keep = name.startswith(("numeric_head.", NUM_ROW + ".")) or fine_tuned(name)
         parameter.requires_grad_(keep)
     return [p for p in lm.parameters() if p.requires_grad]
 
 
-def _num_row_matrix(lm: NumericLM) -> nn.Parameter | None:
-    """The embedding matrix of which a real checkpoint's stages train only the ``[NUM]`` row:
-    the output embeddings (the input ones too when tied), whose row is the logit that makes
-    the model write ``[NUM]``. The input row is never read: every numeric head puts the value's
-    own embedding in its place (RNED its rotary encoding, xVal its scaled vector), so an untied
-    input row is left out. None without a numeric head."""
-    if lm.num_token_id is None:
-        return None
-    output = cast(Any, lm.model).get_output_embeddings()
-    return None if output is None else cast(nn.Parameter, output.weight)
+def _in_state(config: TrainConfig, name: str) -> bool:
+    """Whether ``train_state`` holds this ``NumericLM`` state entry: everything for the default
+    model; for a real checkpoint only what its stages train (the rest is the base model's)."""
+    from model.measurer.base import fine_tuned
 
-
-def _row_optimizer(
-    lm: NumericLM, parameters: Sequence[nn.Parameter], stage: Stage, weight_decay: float
-) -> tuple[torch.optim.Optimizer, list[torch.utils.hooks.RemovableHandle]]:
-    """AdamW over ``parameters``. In a real checkpoint's stages the matrix of
-    :func:`_num_row_matrix` gets its gradient masked to the ``[NUM]`` row and no weight decay,
-    so that AdamW leaves every other row exactly as it was (zero gradient, zero moments, zero
-    update). Returns the optimizer and the hook to remove when the stage ends."""
-    row = _num_row_matrix(lm) if stage.trainable != "all" else None
-    if row is None or not row.requires_grad:
-        optimizer = torch.optim.AdamW(
-            parameters, lr=stage.lr, weight_decay=weight_decay, foreach=False
-        )
-        return optimizer, []
-    mask = torch.zeros(row.shape[0], 1, dtype=row.dtype, device=row.device)
-    mask[cast(int, lm.num_token_id)] = 1.0
-    hook = row.register_hook(lambda grad: grad * mask)
-    groups: list[dict[str, Any]] = [
-        {"params": [p for p in parameters if p is not row]},
-        {"params": [row], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=stage.lr, weight_decay=weight_decay, foreach=False)
-    return optimizer, [hook]
+    if config.base_model is None or config.init_from is not None:
+        return True
+    return name.startswith(("numeric_head.", NUM_ROW + ".")) or fine_tuned(name)
 
 
 def _lr_factor(step_in_stage: int, stage: Stage) -> float:
@@ -492,8 +467,9 @@ def _step_generators(seed: int, step: int) -> tuple[np.random.Generator, torch.G
 
 
 def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Write ``OUT/train_state`` atomically: every parameter and buffer of the NumericLM (LoRA
-    adapters included), the AdamW moments and ``state.json``."""
+    """Write ``OUT/train_state`` atomically: the NumericLM's parameters and buffers (a real
+    checkpoint's run: only what its stages train, :func:`_in_state`), the AdamW moments and
+    ``state.json``."""
     from safetensors.torch import save_file, save_model
 
     state_dir = out / STATE_DIR
@@ -501,7 +477,15 @@ def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: in
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    save_model(run.lm, str(partial / LM_NAME))
+    if run.config.base_model is None or run.config.init_from is not None:
+        save_model(run.lm, str(partial / LM_NAME))  # shared (tied) tensors saved once
+    else:
+        saved = {
+            name: tensor.detach().contiguous()
+            for name, tensor in run.lm.state_dict().items()
+            if _in_state(run.config, name)
+        }
+        save_file(saved, str(partial / LM_NAME))
     names = {id(p): n for n, p in run.lm.named_parameters()}
     moments: dict[str, torch.Tensor] = {}
     steps: dict[str, float] = {}
@@ -526,6 +510,24 @@ def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: in
         shutil.rmtree(old)
     else:
         partial.rename(state_dir)
+
+
+def _load_state(state_dir: Path, lm: NumericLM, config: TrainConfig) -> None:
+    """Load ``train_state``'s model state into ``lm`` (built as at the start, LoRA added
+    where the run had reached it)."""
+    from safetensors.torch import load_file, load_model
+
+    if config.base_model is None or config.init_from is not None:
+        load_model(lm, str(state_dir / LM_NAME))
+        return
+    saved = load_file(str(state_dir / LM_NAME))
+    expected = {name for name in lm.state_dict() if _in_state(config, name)}
+    if set(saved) != expected:
+        raise ConfigurationError(
+            f"{state_dir} does not fit this run's model ({len(expected - set(saved))} missing, "
+            f"{len(set(saved) - expected)} unexpected entries); pass --no-resume to start over"
+        )
+    lm.load_state_dict(saved, strict=False)
 
 
 def _load_moments(
@@ -776,15 +778,17 @@ def train(
         ConfigurationError: ``out_dir`` holds the state of a run with another configuration.
         ModelError: ``config.base_model`` is not a usable local Qwen2.5-VL directory.
     """
-    from safetensors.torch import load_model
-
-    from model.measurer.base import add_lora, merge_lora
+    from model.measurer.base import NumLogitRow, add_lora, merge_lora
 
     out = Path(out_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if config.threads:
         torch.set_num_threads(config.threads)
     lm, tokenizer, head_options = _build(config)  # a bad base model fails before OUT exists
+    delta = config.base_model is not None and config.init_from is None
+    if config.base_model is not None and lm.num_token_id is not None:
+        output = cast(Any, lm.model).get_output_embeddings()
+        lm.add_module(NUM_ROW, NumLogitRow(output, lm.num_token_id))
     out.mkdir(parents=True, exist_ok=True)
     head = lm.numeric_head
     extra = dict(provenance or {})
@@ -796,6 +800,8 @@ def train(
         if config.base_model is not None:
             name = "radcaliper-" + (Path(config.base_model).resolve().name or "base")
     settings = _settings(config, name, version, head_options, extra, domain)
+    if delta:  # the checkpoint holds what changed from this base model
+        settings = dataclasses.replace(settings, base_model=_base_reference(config))
     lora_step = _lora_from(config)
 
     start = 0
@@ -811,7 +817,7 @@ def train(
         start = int(state["step"])
         if lora_step is not None and start >= lora_step:
             add_lora(lm.model, rank=config.lora_rank, alpha=config.lora_alpha)
-        load_model(lm, str(state_dir / LM_NAME))
+        _load_state(state_dir, lm, config)
         adam_steps = state["adam_steps"]
         logger.info("resuming at step %d of %d", start, config.total_steps)
     lm.train()
@@ -847,7 +853,9 @@ def train(
             count = add_lora(lm.model, rank=config.lora_rank, alpha=config.lora_alpha)
             logger.info("LoRA rank %d: %d adapter parameters", config.lora_rank, count)
         parameters = _trainable(lm, stage)
-        optimizer, hooks = _row_optimizer(lm, parameters, stage, config.weight_decay)
+        optimizer = torch.optim.AdamW(
+            parameters, lr=stage.lr, weight_decay=config.weight_decay, foreach=False
+        )
         if adam_steps and start > stage_start:
             _load_moments(state_dir, lm, optimizer, adam_steps)
         for step in range(max(start, stage_start), stage_end):
@@ -872,8 +880,6 @@ def train(
                 )
             if done % config.checkpoint_every == 0 or done == stage_end:
                 _save_state(out, run, optimizer, done)
-        for hook in hooks:
-            hook.remove()
         stage_start = stage_end
         adam_steps = {}
 
@@ -881,12 +887,35 @@ def train(
         final: Any = head
         final.loss_options.pop("generator", None)
         final.loss_options["sigma"] = config.stages[-1].sigma[1]
-    merge_lora(lm.model)
+    row = getattr(lm, NUM_ROW, None)
+    if isinstance(row, NumLogitRow):
+        row.write_back()
     lm.eval()
     lm.to("cpu")
     model: Any = lm.model
-    save_checkpoint(out, model, head, tokenizer, settings)
+    if delta:
+        from model.measurer.base import base_weights_dtype
+
+        stored = base_weights_dtype(cast(str, config.base_model))
+        save_delta_checkpoint(out, model, head, tokenizer, settings, lm.num_token_id, dtype=stored)
+    else:
+        merge_lora(model)
+        save_checkpoint(out, model, head, tokenizer, settings)
     return out
+
+
+def _base_reference(config: TrainConfig) -> BaseReference:
+    from model.measurer.base import base_weights_hash
+
+    assert config.base_model is not None
+    path = Path(config.base_model).resolve()
+    return BaseReference(
+        path=str(path),
+        sha256=base_weights_hash(path),
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        circle_rope_strategy=config.size.circle_rope_strategy,
+    )
 
 
 def _train_step(

@@ -181,3 +181,18 @@ def test_train_base_model_runs_both_stages_and_names_the_run(tmp_path: Path, stu
     assert json.loads(measured.stdout)["model"]["name"] == "radcaliper-qwen-tiny"
     help_text = runner.invoke(app, ["train", "--help"]).output
     assert "--base-model" in help_text and "--name" in help_text
+
+    # the checkpoint holds what changed; export-model writes it standalone, base or not
+    assert (out / "delta.safetensors").is_file() and not (out / "model.safetensors").exists()
+    moved = base.rename(tmp_path / "moved")
+    failed = runner.invoke(app, ["export-model", str(out), str(tmp_path / "whole")])
+    assert failed.exit_code != 0 and "which is not there" in failed.output
+    exported = runner.invoke(
+        app, ["export-model", str(out), str(tmp_path / "whole"), "--base-model", str(moved)]
+    )
+    assert exported.exit_code == 0, exported.output
+    measured = runner.invoke(
+        app, ["measure", series, "--model", str(tmp_path / "whole"), "--json", "--no-store"]
+    )
+    assert measured.exit_code == 0, measured.output
+    assert "--base-model" in runner.invoke(app, ["export-model", "--help"]).output

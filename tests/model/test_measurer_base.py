@@ -4,24 +4,34 @@ stage then LoRA, resumes, and saves a merged checkpoint that loads and measures 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
 from model.backbone import QWEN_SPECIAL_TOKENS, published_qwen2_5_vl_kwargs
 from model.measurer.base import (
     add_lora,
+    base_weights_hash,
     load_base_model,
     lora_parameters,
     merge_lora,
     qwen_like_tokenizer,
     write_random_base_model,
 )
-from model.measurer.checkpoint import NumericMode, load_checkpoint
+from model.measurer.checkpoint import (
+    BaseReference,
+    MeasurerSettings,
+    NumericMode,
+    export_checkpoint,
+    load_checkpoint,
+    save_delta_checkpoint,
+)
 from model.measurer.data import phantom_volume
 from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
@@ -170,43 +180,139 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
 def test_the_stages_train_their_parameters_and_the_num_rows_nothing_else(
     tmp_path: Path, tied: bool, mode: NumericMode
 ) -> None:
-    """Projector stage: the vision merger, the numeric head and the [NUM] row of the output
-    embeddings (shared with the input ones when tied); every other row stays as released, bit
-    for bit. LoRA stage: the same plus the adapters, merged into the decoder's projections at
-    the end. No numeric head reads the [NUM] input row (RNED puts the value's rotary encoding
-    in its place, xVal its own scaled vector), so an untied input matrix stays as released."""
+    """Projector stage: the vision merger, the numeric head and the [NUM] logit row, held
+    apart from the frozen embedding matrices; LoRA stage: the same plus the adapters. The
+    checkpoint has the adapters merged and the row written into the output embeddings (shared
+    with the input ones when tied): every other row stays as released, bit for bit. No numeric
+    head reads the [NUM] input row (RNED puts the value's rotary encoding in its place, xVal
+    its own scaled vector), so an untied input matrix stays as released."""
     base = write_random_base_model(tmp_path / "base", "tiny", tied=tied, seed=0)
     # one projector step, one LoRA step
     config = small_base_config(base, numeric_mode=mode, steps=2, seed=3)
-    after_projector: dict[str, torch.Tensor] = {}
+    snapshots: list[dict[str, torch.Tensor]] = []
 
     def keep(report: StepReport) -> None:
-        if report.step == 1 and report.lm is not None:
-            for name, tensor in report.lm.model.state_dict().items():
-                after_projector[name] = tensor.detach().clone()
+        assert report.lm is not None
+        snapshots.append({n: t.detach().clone() for n, t in report.lm.state_dict().items()})
 
     out = train(config, tmp_path / "run", PhantomSource(1), on_step=keep)
     start, tokenizer = load_base_model(base)  # as training starts: [NUM] added
     num = tokenizer.convert_tokens_to_ids(NUM)
-    before = start.state_dict()
+    before = {"model." + n: t for n, t in start.state_dict().items()}
+    before["num_row.weight"] = start.get_output_embeddings().weight.detach()[num].clone()
     embed, head = "model.language_model.embed_tokens.weight", "lm_head.weight"
     rows = {embed, head}  # state-dict names (one matrix when tied)
     trained = {head, embed} if tied else {head}
 
+    after_projector = snapshots[0]
     changed = _changed(before, after_projector)
-    assert {n for n in changed if ".visual.merger." not in n} == trained
-    assert any(".visual.merger." in n for n in changed)
-    for name in rows:
-        others = torch.ones(before[name].shape[0], dtype=torch.bool)
-        others[num] = False
-        assert torch.equal(before[name][others], after_projector[name][others]), name
+    assert "num_row.weight" in changed
+    assert changed - {"num_row.weight"} == {n for n in changed if ".visual.merger." in n} != set()
 
     final = load_checkpoint(out).model.state_dict()
-    changed = _changed(before, final)
+    changed = _changed(
+        {n[len("model.") :]: t for n, t in before.items() if n[:6] == "model."}, final
+    )
     projections = {n for n in changed if n.endswith("proj.weight") and "language_model" in n}
     assert projections  # LoRA merged into the decoder's projections
     assert changed - projections - trained == {n for n in changed if ".visual.merger." in n}
     for name in rows:
-        others = torch.ones(before[name].shape[0], dtype=torch.bool)
+        others = torch.ones(final[name].shape[0], dtype=torch.bool)
         others[num] = False
-        assert torch.equal(before[name][others], final[name][others]), name
+        assert torch.equal(start.state_dict()[name][others], final[name][others]), name
+    assert torch.equal(final[head][num], snapshots[-1]["num_row.weight"])
+
+
+def _size(directory: Path, pattern: str = "*") -> int:
+    return sum(f.stat().st_size for f in directory.glob(pattern) if f.is_file())
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_fine_tuned_checkpoint_holds_what_changed_and_exports_standalone(
+    tmp_path: Path, tied: bool
+) -> None:
+    """The checkpoint of a base-model run (the 3B's vocabulary and ids at narrow widths, tied
+    and untied): the adapters, the merger, the [NUM] rows and the head, at most 10 % of the
+    model's weights; it needs its base (hash checked; a moved base is named), and
+    ``export_checkpoint`` writes the same model standalone, bit for bit."""
+    base = write_random_base_model(tmp_path / "base", "3b", narrow=True, tied=tied, seed=0)
+    config = small_base_config(base, steps=2, seed=4)
+    out = train(config, tmp_path / "run", PhantomSource(1))
+    files = {f.name for f in out.iterdir()}
+    assert "delta.safetensors" in files and not files & {"model.safetensors", "config.json"}
+    settings = json.loads((out / "radcaliper.json").read_text())
+    assert settings["format_version"] == 2
+    assert settings["base_model"]["path"] == str(base.resolve())
+    assert settings["base_model"]["lora_rank"] == 4
+    weights = _size(out, "*.safetensors")
+    assert weights <= 0.10 * _size(base, "*.safetensors"), (weights, _size(base))
+
+    loaded = load_checkpoint(out)
+    standalone = load_checkpoint(export_checkpoint(out, tmp_path / "export"))
+    assert (tmp_path / "export" / "model.safetensors").is_file()
+    assert "base_model" not in json.loads((tmp_path / "export" / "radcaliper.json").read_text())
+    for (name, x), (_, y) in zip(
+        loaded.model.state_dict().items(), standalone.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), name
+    assert dataclasses.replace(loaded.settings, base_model=None) == standalone.settings
+
+    moved = tmp_path / "moved"
+    base.rename(moved)
+    with pytest.raises(ModelError, match="which is not there"):
+        load_checkpoint(out)
+    assert torch.equal(
+        load_checkpoint(out, base_model=moved).model.lm_head.weight, loaded.model.lm_head.weight
+    )
+    other = write_random_base_model(tmp_path / "other", "3b", narrow=True, tied=tied, seed=1)
+    with pytest.raises(ModelError, match="other weights"):
+        load_checkpoint(out, base_model=other)
+
+
+def test_a_run_started_from_a_checkpoint_saves_a_standalone_model(tmp_path: Path) -> None:
+    """--init from a fine-tuned checkpoint: its merged weights are not the base's, so the
+    result cannot be a delta of the base model; it is saved whole."""
+    base = write_random_base_model(tmp_path / "base", "tiny", tied=False, seed=0)
+    config = small_base_config(base, steps=2, seed=4, lora_rank=1, lora_alpha=2)
+    first = train(config, tmp_path / "first", PhantomSource(1))
+    again = small_base_config(
+        base, steps=2, seed=5, lora_rank=1, lora_alpha=2, init_from=str(first)
+    )
+    out = train(again, tmp_path / "second", PhantomSource(1))
+    assert (out / "model.safetensors").is_file() and not (out / "delta.safetensors").exists()
+    assert "base_model" not in json.loads((out / "radcaliper.json").read_text())
+    load_checkpoint(out)
+
+
+def test_a_delta_is_stored_in_its_base_models_dtype(tmp_path: Path) -> None:
+    """bf16 base weights: the delta is stored in bf16 (as precise as what it changes), and
+    the dtype is read from the safetensors headers, mostly-bf16 winning over a float32 rest."""
+    from safetensors.torch import save_file
+
+    from model.measurer.base import base_weights_dtype
+
+    save_file(
+        {"a": torch.zeros(64, dtype=torch.bfloat16), "b": torch.zeros(8)},
+        tmp_path / "x.safetensors",
+    )
+    save_file({"c": torch.zeros(64, dtype=torch.bfloat16)}, tmp_path / "y.safetensors")
+    assert base_weights_dtype(tmp_path) == torch.bfloat16
+    with pytest.raises(ModelError, match="no floating-point"):
+        base_weights_dtype(tmp_path / "nothing")
+
+    base = write_random_base_model(tmp_path / "base", "tiny", seed=0)
+    model, tokenizer = load_base_model(base)
+    add_lora(model, rank=2, alpha=4)
+    settings = MeasurerSettings(
+        "m",
+        "1",
+        NumericMode.RNED_CORR,
+        base_model=BaseReference(str(base), base_weights_hash(base), 2, 4),
+    )
+    num = tokenizer.convert_tokens_to_ids(NUM)
+    out = save_delta_checkpoint(
+        tmp_path / "d", model, None, tokenizer, settings, num, dtype=torch.bfloat16
+    )
+    delta = load_file(out / "delta.safetensors")
+    assert delta and {t.dtype for t in delta.values()} == {torch.bfloat16}
+    assert any("lora_A" in n for n in delta) and "num_rows.output" in delta
