@@ -1,5 +1,6 @@
-"""The measurer's commands: measure, train, export-model, calibrate, evaluate and serve (registered on the
-``radcaliper`` app by ``app.cli``). Heavy libraries are imported inside each command."""
+"""The measurer's commands: measure, train, export-model, calibrate, evaluate and serve
+(registered on the ``radcaliper`` app by ``app.cli``). Heavy libraries are imported inside each
+command."""
 
 from __future__ import annotations
 
@@ -231,6 +232,39 @@ def train(
             "radcaliper-<base model folder> with --base-model).",
         ),
     ] = None,
+    checkpointing: Annotated[
+        bool | None,
+        typer.Option(
+            "--gradient-checkpointing/--no-gradient-checkpointing",
+            help="Recompute each layer's activations in the backward pass: far less memory, "
+            "about a third more time (default: on with --base-model).",
+        ),
+    ] = None,
+    accumulation: Annotated[
+        int | None,
+        typer.Option(
+            "--accumulation",
+            min=1,
+            help="Split each step's examples into this many micro-batches (less memory, the "
+            "same examples per step; default 1).",
+        ),
+    ] = None,
+    weights_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--weights-dtype",
+            help="The frozen weights' dtype: auto (bfloat16 for --base-model on a GPU, else "
+            "float32), float32 or bfloat16. Trained parameters stay float32.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the run's estimated peak GPU memory (and its checkpoint's size), then "
+            "stop: reads only the base model's config.json, loads no weights or data.",
+        ),
+    ] = False,
 ) -> None:
     """Train the measurer (the default tiny Circle-RoPE Qwen2.5-VL with RNED, or a local
     Qwen2.5-VL checkpoint with --base-model) on phantoms or on datasets.
@@ -267,6 +301,19 @@ def train(
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
         config = _with_steps(config, steps)
+    memory: dict[str, Any] = {
+        "gradient_checkpointing": checkpointing,
+        "accumulation": accumulation,
+        "weights_dtype": weights_dtype,
+    }
+    try:
+        config = dataclasses.replace(config, **{k: v for k, v in memory.items() if v is not None})
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {safe(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    if dry_run:
+        _print_memory(config)
+        raise typer.Exit(EXIT_OK)
     if dataset is not None and phantoms_dir is not None:
         err.print("[red]error:[/red] give --dataset or --phantoms, not both")
         raise typer.Exit(EXIT_NOTHING)
@@ -529,6 +576,45 @@ def calibrate(
             f"{detection.min_presence:.10g} is not reported; on these {detection.studies} "
             f"studies {detection.fitted_false_per_study:.2f} false findings per study "
             f"({'within' if within else 'over'} the budget of {false_per_study:g}), {recall}"
+        )
+
+
+def _print_memory(config: Any) -> None:
+    """``train --dry-run``: the estimated peak GPU memory of the run, by part."""
+    from ingestion.errors import RadcaliperError
+    from model.measurer.memory import GIB, estimate_training_memory, model_shape
+
+    try:
+        shape = model_shape(config)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    dtype = config.resolved_weights_dtype("cuda")
+    estimate = estimate_training_memory(config, shape, weights_dtype=dtype)
+    what = config.base_model or "the default model"
+    table = Table(
+        title=f"Estimated peak GPU memory of one training step: {escape(str(what))}",
+        caption=(
+            f"{shape.parameters() / 1e6:,.1f} M parameters, "
+            f"{estimate.trainable_parameters / 1e6:,.1f} M trained; frozen weights {dtype}, "
+            "bf16 autocast; gradient checkpointing "
+            f"{'on' if config.gradient_checkpointing else 'off'}; {config.accumulation} "
+            f"micro-batch(es); {estimate.tokens_per_step} tokens per step. An estimate "
+            "(model.measurer.memory): leave a margin."
+        ),
+    )
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for part, gib in estimate.rows():
+        table.add_row(part, f"{gib:.2f}")
+    out.print(table)
+    if config.base_model is not None and config.init_from is None:
+        stored = 2 if dtype == "bfloat16" else 4
+        changed = estimate.trainable_parameters * stored
+        whole = shape.parameters() * stored
+        out.print(
+            f"Checkpoint: what changed, about {changed / GIB:.2f} GiB ({100 * changed / whole:.1f}"
+            f" % of the {whole / GIB:.2f} GiB model), in the base model's dtype."
         )
 
 

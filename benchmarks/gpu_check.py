@@ -46,6 +46,7 @@ from ingestion.phantoms import generate_phantom, study_seed
 from model.backbone import QWEN2_5_VL_SHAPES
 from model.measurer.base import write_random_base_model
 from model.measurer.data import phantom_volume
+from model.measurer.memory import estimate_training_memory, model_shape
 from model.measurer.pipeline import CheckpointMeasurer
 from model.measurer.pool import PhantomSource
 from model.measurer.train import PoolSettings, Stage, StepReport, TrainConfig, train
@@ -134,6 +135,19 @@ def _train(base: Path, out: Path, args: argparse.Namespace, device: torch.device
         "first_step_s": round(ends[0] - began, 1),  # loading, pool, first step
         "save_s": round(done - ends[-1], 1),
         "peak_gib": _peak_gib(device),
+        # what `radcaliper train --dry-run` estimates for this run (allocated, no reserve)
+        "estimated_gib": round(
+            estimate_training_memory(
+                config, model_shape(config), weights_dtype=config.resolved_weights_dtype("cuda")
+            ).allocated
+            / 2**30,
+            2,
+        ),
+        "checkpointing": config.gradient_checkpointing,
+        "weights_dtype": config.resolved_weights_dtype(device.type),
+        "checkpoint_mib": round(
+            sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 2**20, 1
+        ),
     }
 
 
@@ -225,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"gpu_check: {name} | Qwen2.5-VL {figures['shape']} random-init, "
         f"{t['parameters'] / 1e9:.2f} B parameters ({t['trainable'] / 1e6:.1f} M trainable) | "
-        f"train {t['steps']} LoRA steps: {t['s_per_step']} s/step, peak {t['peak_gib']} GiB, "
-        f"save {t['save_s']} s | measure: load {m['load_s']} s, {m['s_per_study']} s/study "
+        f"train {t['steps']} LoRA steps ({t['weights_dtype']} weights, checkpointing "
+        f"{'on' if t['checkpointing'] else 'off'}): {t['s_per_step']} s/step, peak "
+        f"{t['peak_gib']} GiB (estimated {t['estimated_gib']}), save {t['save_s']} s, "
+        f"checkpoint {t['checkpoint_mib']} MiB | measure: load {m['load_s']} s, "
+        f"{m['s_per_study']} s/study "
         f"({m['studies']} phantoms, {m['prompts']} prompts), peak {m['peak_gib']} GiB | "
         f"gpu tests: {figures.get('gpu_tests', 'not run')} | total {figures['total_s']} s | "
         f"torch {figures['torch']}, transformers {figures['transformers']}",

@@ -221,12 +221,16 @@ def base_weights_dtype(directory: str | Path) -> torch.dtype:
 
 def add_lora(model: nn.Module, *, rank: int = 128, alpha: int = 256, dropout: float = 0.0) -> int:
     """Inject LoRA adapters into the decoder's projections in place; returns their parameter
-    count. Only the adapters are trainable afterwards (the caller may unfreeze more)."""
+    count. The adapters are float32 whatever the base weights' dtype (trained in full
+    precision). Only the adapters are trainable afterwards (the caller may unfreeze more)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=_LORA_SCOPE)
     inject_adapter_in_model(config, model)
-    return sum(p.numel() for p in lora_parameters(model))
+    adapters = lora_parameters(model)
+    for parameter in adapters:
+        parameter.data = parameter.data.float()
+    return sum(p.numel() for p in adapters)
 
 
 def lora_parameters(model: nn.Module) -> list[torch.nn.Parameter]:

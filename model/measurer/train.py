@@ -76,6 +76,7 @@ __all__ = [
     "StepReport",
     "TrainConfig",
     "build_default_model",
+    "default_model_kwargs",
     "domain_for_training",
     "train",
 ]
@@ -207,9 +208,24 @@ class TrainConfig:
     init_from: str | None = None  # start from this checkpoint's weights (same model and mode)
     lora_rank: int = 128
     lora_alpha: int = 256
+    # memory (model.measurer.memory): recompute each decoder layer in the backward pass
+    gradient_checkpointing: bool = False
+    accumulation: int = 1  # micro-batches per step: each task's examples split this many ways
+    # the frozen weights' dtype: float32, bfloat16, or auto (bfloat16 for a real checkpoint on a
+    # GPU, else float32); trainable parameters are float32 whatever it is
+    weights_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
+        if self.accumulation < 1:
+            raise ValueError(f"accumulation must be >= 1, got {self.accumulation}")
+        if self.weights_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"weights_dtype {self.weights_dtype!r}: use auto, float32 or bfloat16")
+        if self.weights_dtype == "bfloat16" and self.base_model is None:
+            raise ValueError(
+                "weights_dtype bfloat16 needs a base model: the default model trains every "
+                "weight, in float32"
+            )
         if not self.stages:
             raise ValueError("a training run needs at least one stage")
         batches = (self.measure_batch, self.find_batch, self.point_batch, self.axes_batch)
@@ -235,10 +251,12 @@ class TrainConfig:
     def for_base_model(cls, directory: str, *, steps: int = 4000, **changes: Any) -> TrainConfig:
         """Defaults for a real Qwen2.5-VL: a projector-only stage (a quarter of the steps), then
         LoRA (rank 128, alpha 256); grey images without the coordinate frame, as its
-        pretrained vision tower expects."""
+        pretrained vision tower expects; gradient checkpointing, and frozen weights in
+        bfloat16 on a GPU."""
         first = max(1, steps // 4)
         values: dict[str, Any] = {
             "base_model": str(directory),
+            "gradient_checkpointing": True,
             "stages": (
                 Stage("projector", first, 1e-3, trainable="projector", sigma=(3.0, 1.0)),
                 Stage("lora", steps - first, 2e-4, trainable="lora", sigma=(1.0, 0.5)),
@@ -285,6 +303,13 @@ class TrainConfig:
         )
         counts.update(stage.batches)
         return counts
+
+    def resolved_weights_dtype(self, device_type: str) -> str:
+        """``weights_dtype`` on a device of this type (``cuda``, ``cpu``)."""
+        if self.weights_dtype != "auto":
+            return self.weights_dtype
+        real = self.base_model is not None
+        return "bfloat16" if real and device_type == "cuda" else "float32"
 
     @property
     def total_steps(self) -> int:
@@ -353,9 +378,17 @@ def build_default_model(
     size: BackboneSize, tokenizer: PreTrainedTokenizerBase
 ) -> CircleRopeQwen2_5_VLForConditionalGeneration:
     """A fresh default model: tiny Circle-RoPE Qwen2.5-VL over the default tokenizer."""
-    from model.backbone import tiny_qwen2_5_vl_kwargs
     from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
     from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
+
+    kwargs = default_model_kwargs(size, tokenizer)
+    config = CircleRopeQwen2_5_VLConfig(circle_rope_strategy=size.circle_rope_strategy, **kwargs)
+    return CircleRopeQwen2_5_VLForConditionalGeneration(config)
+
+
+def default_model_kwargs(size: BackboneSize, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """The default model's ``Qwen2_5_VLConfig`` keyword arguments at ``size``."""
+    from model.backbone import tiny_qwen2_5_vl_kwargs
 
     kwargs = tiny_qwen2_5_vl_kwargs(
         hidden_size=size.hidden_size,
@@ -369,8 +402,7 @@ def build_default_model(
     )
     kwargs["vision_config"]["depth"] = size.vision_depth
     kwargs["vision_config"]["fullatt_block_indexes"] = list(range(size.vision_depth))
-    config = CircleRopeQwen2_5_VLConfig(circle_rope_strategy=size.circle_rope_strategy, **kwargs)
-    return CircleRopeQwen2_5_VLForConditionalGeneration(config)
+    return kwargs
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -387,6 +419,7 @@ class _Run:
     pad_id: int
     numeric: bool
     device: torch.device
+    autocast: bool = False  # bf16 autocast (a GPU, or bf16 frozen weights)
 
 
 def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
@@ -433,7 +466,7 @@ def _task_loss(
     encoded = [encode_example(e, run.tokenizer, numeric=run.numeric) for e in examples]
     batch = collate(encoded, run.pad_id)
     device = run.device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.autocast):
         out = run.lm(
             batch.input_ids.to(device),
             batch.attention_mask.to(device),
@@ -702,8 +735,11 @@ def domain_for_training(
     )
 
 
-def _build(config: TrainConfig) -> tuple[NumericLM, PreTrainedTokenizerBase, dict[str, Any]]:
-    """The model to train (default or ``config.base_model``), its tokenizer and head options."""
+def _build(
+    config: TrainConfig, device: torch.device
+) -> tuple[NumericLM, PreTrainedTokenizerBase, dict[str, Any]]:
+    """The model to train (default or ``config.base_model``, its frozen weights in
+    ``config.weights_dtype`` on ``device``), its tokenizer and head options."""
     torch.manual_seed(config.seed)
     options = config.head_options()
     tokenizer: PreTrainedTokenizerBase
@@ -714,11 +750,13 @@ def _build(config: TrainConfig) -> tuple[NumericLM, PreTrainedTokenizerBase, dic
     else:
         from model.measurer.base import load_base_model
 
+        dtype = getattr(torch, config.resolved_weights_dtype(device.type))
         model, tokenizer = load_base_model(
-            config.base_model, circle_rope_strategy=config.size.circle_rope_strategy
+            config.base_model, circle_rope_strategy=config.size.circle_rope_strategy, dtype=dtype
         )
+        model.model.visual.merger.float()  # trained: float32 whatever the frozen weights are
         if "scale" in options:  # the codec's base vector at the scale of the real embeddings
-            options["scale"] = float(model.get_input_embeddings().weight.detach().std())
+            options["scale"] = float(model.get_input_embeddings().weight.detach().float().std())
     dim = int(model.config.text_config.hidden_size)
     head = build_head(config.numeric_mode, dim, options)
     if config.init_from is not None:  # continue from a trained checkpoint's weights
@@ -784,7 +822,11 @@ def train(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if config.threads:
         torch.set_num_threads(config.threads)
-    lm, tokenizer, head_options = _build(config)  # a bad base model fails before OUT exists
+    lm, tokenizer, head_options = _build(config, device)  # a bad base fails before OUT exists
+    if config.gradient_checkpointing:
+        from model._transformers import enable_checkpointing
+
+        enable_checkpointing(lm.model)
     delta = config.base_model is not None and config.init_from is None
     if config.base_model is not None and lm.num_token_id is not None:
         output = cast(Any, lm.model).get_output_embeddings()
@@ -839,7 +881,17 @@ def train(
         on_study=on_study,
     )
     lm.to(device)
-    run = _Run(lm, tokenizer, pool, config, special_ids(tokenizer)["pad"], head is not None, device)
+    autocast = device.type == "cuda" or config.resolved_weights_dtype(device.type) == "bfloat16"
+    run = _Run(
+        lm,
+        tokenizer,
+        pool,
+        config,
+        special_ids(tokenizer)["pad"],
+        head is not None,
+        device,
+        autocast,
+    )
     ramp = LambdaRamp(0, config.lambda_ramp_steps, config.lambda_max)
     began = time.monotonic()
 
@@ -939,8 +991,6 @@ def _train_step(
     if head is not None and getattr(head, "loss_name", None) == "softmax":
         head.loss_options["generator"] = generator
     lambda_ = ramp(step)
-    losses: dict[str, torch.Tensor] = {}
-    report: dict[str, float] = {}
     counts = config.batches(stage)
     draws = (
         ("measure", run.pool.measure_examples),
@@ -948,18 +998,27 @@ def _train_step(
         ("point", run.pool.point_examples),
         ("axes", run.pool.axes_examples),
     )
-    for task, draw in draws:
-        count = counts[task]
-        examples = draw(count, rng) if count else []
-        if examples:
-            loss, numeric = _task_loss(run, examples, lambda_)
-            losses[task] = loss
-            report[task] = float(loss.detach())
-            if task == "measure" and numeric is not None:
-                report["numeric"] = float(numeric.detach())
-    total = torch.stack(list(losses.values())).sum()
+    drawn = {task: draw(counts[task], rng) if counts[task] else [] for task, draw in draws}
     optimizer.zero_grad(set_to_none=True)
-    total.backward()
+    parts = config.accumulation
+    report: dict[str, float] = {}
+    # micro-batches: each task's examples split ``parts`` ways, each part's loss weighted by
+    # its share of the task's examples (one part: the step as it always was)
+    for part in range(parts):
+        losses: dict[str, torch.Tensor] = {}
+        for task, examples in drawn.items():
+            chunk = examples[part::parts] if parts > 1 else examples
+            if not chunk:
+                continue
+            share = len(chunk) / len(examples)
+            loss, numeric = _task_loss(run, chunk, lambda_)
+            losses[task] = loss if parts == 1 else loss * share
+            report[task] = report.get(task, 0.0) + share * float(loss.detach())
+            if task == "measure" and numeric is not None:
+                value = share * float(numeric.detach())
+                report["numeric"] = report.get("numeric", 0.0) + value
+        if losses:
+            torch.stack(list(losses.values())).sum().backward()
     torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
     optimizer.step()
     return report

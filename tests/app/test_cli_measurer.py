@@ -196,3 +196,34 @@ def test_train_base_model_runs_both_stages_and_names_the_run(tmp_path: Path, stu
     )
     assert measured.exit_code == 0, measured.output
     assert "--base-model" in runner.invoke(app, ["export-model", "--help"]).output
+
+
+@pytest.mark.parametrize(("shape", "share"), [("3b", "7.4 %"), ("7b", "4.4 %")])
+def test_train_dry_run_prints_the_memory_of_a_published_shape(
+    tmp_path: Path, shape: str, share: str
+) -> None:
+    """`train --base-model DIR --dry-run` reads only DIR/config.json (here the released 3B or
+    7B shape, no weights) and prints the estimated peak memory with checkpointing and bf16
+    weights, and the checkpoint's share of the model; nothing is written."""
+    from transformers import Qwen2_5_VLConfig
+
+    from model.backbone import published_qwen2_5_vl_kwargs
+
+    base = tmp_path / f"qwen-{shape}"
+    Qwen2_5_VLConfig(**published_qwen2_5_vl_kwargs(shape)).save_pretrained(base)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(out), "--base-model", str(base), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "total (peak)" in text and "gradient checkpointing on" in text
+    assert "frozen weights bfloat16" in text and share in text
+    assert not out.exists()
+    plain = runner.invoke(
+        app,
+        ["train", str(out), "--base-model", str(base), "--dry-run", "--no-gradient-checkpointing"],
+    )
+    assert "gradient checkpointing off" in " ".join(plain.output.split())
+    missing = runner.invoke(app, ["train", str(out), "--base-model", str(tmp_path), "--dry-run"])
+    assert missing.exit_code != 0 and "config.json" in missing.output
+    bad = runner.invoke(app, ["train", str(out), "--dry-run", "--weights-dtype", "bfloat16"])
+    assert bad.exit_code != 0 and "needs a base model" in bad.output
