@@ -44,8 +44,6 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
     Qwen2_5_VLRotaryEmbedding,
     Qwen2_5_VLTextModel,
 )
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
 
 from model._transformers import CACHE
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
@@ -116,8 +114,6 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
         #: per decoder layer, True where it uses Circle-RoPE (set by CircleRopeQwen2_5_VLModel)
         self.circle_layers: tuple[bool, ...] = (False,) * config.num_hidden_layers
 
-    @merge_with_config_defaults  # type: ignore[untyped-decorator]
-    @capture_outputs  # type: ignore[untyped-decorator]
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -127,12 +123,30 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         cache: Cache | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        """The decoder (transformers' own, a rotary table per geometry). The key-value cache
-        comes as ``past_key_values`` (transformers < 5.24) or ``cache`` (5.24 on)."""
+        """The decoder (transformers' own layers, a rotary table per geometry). The key-value
+        cache comes as ``past_key_values`` (transformers < 5.24) or ``cache`` (5.24 on).
+
+        ``use_cache`` and ``output_hidden_states`` default to the config's, as in
+        transformers; ``hidden_states`` are the embeddings and every layer's output, the last
+        one normed. Attention weights are not returned (``ValueError`` when asked for).
+        ``return_dict`` is accepted and ignored: the output is always the dataclass.
+        """
+        config: Any = self.config
         if cache is not None:
             past_key_values = cache
+        if use_cache is None:
+            use_cache = bool(getattr(config, "use_cache", False))
+        if output_attentions is None:
+            output_attentions = bool(getattr(config, "output_attentions", False))
+        if output_attentions:
+            raise ValueError("the Circle-RoPE decoder does not return attention weights")
+        if output_hidden_states is None:
+            output_hidden_states = bool(getattr(config, "output_hidden_states", False))
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if use_cache and past_key_values is None and not torch.jit.is_tracing():  # type: ignore[attr-defined]
@@ -145,7 +159,6 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
             position_ids = position_ids.view(1, 1, -1).expand(3, inputs_embeds.shape[0], -1)
         text_ids, mrope_ids, circle_ids = split_position_ids(position_ids)
 
-        config: Any = self.config
         masks: Any = attention_mask
         if not isinstance(masks, dict):  # ``generate`` may have built them already
             # the cache goes by position: transformers 5.24 renamed it (past_key_values -> cache)
@@ -161,7 +174,10 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
         circle_table = mrope_table
         if circle_ids is not None and any(self.circle_layers):
             circle_table = self.rotary_emb(hidden, circle_ids)
+        states: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
+            if output_hidden_states:
+                states.append(hidden)
             hidden = layer(
                 hidden,
                 attention_mask=masks[config.layer_types[i]],
@@ -173,7 +189,11 @@ class CircleRopeQwen2_5_VLTextModel(Qwen2_5_VLTextModel):
             )
         hidden = self.norm(hidden)  # (B, L, D)
         cached: dict[str, Any] = {CACHE: past_key_values}
-        return BaseModelOutputWithPast(last_hidden_state=hidden, **cached)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            hidden_states=(*states, hidden) if output_hidden_states else None,
+            **cached,
+        )
 
 
 def _continue_positions(text: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
@@ -398,13 +418,15 @@ class CircleRopeQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGener
 
 def _register_weight_names() -> None:
     """Give our classes the checkpoint renamings transformers keeps for Qwen2.5-VL's classes
-    (looked up by class name), so checkpoints in either weight layout load. Idempotent."""
+    (looked up by class name), so checkpoints in either weight layout load. Idempotent.
+
+    Uses transformers' registration for custom classes (``conversion_mapping``'s
+    ``get_checkpoint_conversion_mapping`` and ``register_checkpoint_conversion_mapping``, the
+    functions it documents for code outside the library), nothing of its internals."""
     for ours, theirs in (
         (CircleRopeQwen2_5_VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration),
         (CircleRopeQwen2_5_VLModel, Qwen2_5_VLModel),
     ):
-        if ours.__name__ in conversion_mapping.USER_REGISTERED_MAPPINGS:
-            continue
         mapping = conversion_mapping.get_checkpoint_conversion_mapping(theirs.__name__)
         if mapping is not None:
             conversion_mapping.register_checkpoint_conversion_mapping(

@@ -29,7 +29,7 @@ import torch
 
 from ingestion.errors import ModelError
 from model.measurer.images import IMAGE_MEAN, IMAGE_STD, MERGE, PATCH, TEMPORAL_PATCH
-from model.measurer.tokenizer import NUM, UNK, VOCAB, special_ids
+from model.measurer.tokenizer import NUM, QWEN_CHAT_TEMPLATE, UNK, VOCAB, special_ids
 
 if TYPE_CHECKING:
     from torch import nn
@@ -260,7 +260,8 @@ def qwen_like_tokenizer(*, released_ids: bool = True) -> PreTrainedTokenizerFast
     The measurer's words (``VOCAB`` less ``[NUM]`` and Qwen's special tokens) take ids 0, 1, ...
     Qwen's special tokens (``model.backbone.QWEN_SPECIAL_TOKENS``) follow: ``released_ids`` at
     their released ids, reserved tokens filling the gap (151,657 entries in all), else right
-    after the words.
+    after the words. It carries Qwen2.5-VL's chat format (``QWEN_CHAT_TEMPLATE``), whose role
+    words are among its words.
     """
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -268,6 +269,7 @@ def qwen_like_tokenizer(*, released_ids: bool = True) -> PreTrainedTokenizerFast
     from model.backbone import QWEN_SPECIAL_TOKENS
 
     words = [t for t in VOCAB if t != NUM and t not in QWEN_SPECIAL_TOKENS]
+    words += [w for w in _CHAT_WORDS if w not in words]
     specials = dict(QWEN_SPECIAL_TOKENS)  # consecutive ids, in order
     first = min(specials.values()) if released_ids else len(words)
     specials = {t: first + i for i, t in enumerate(specials)}
@@ -283,13 +285,19 @@ def qwen_like_tokenizer(*, released_ids: bool = True) -> PreTrainedTokenizerFast
         ]
     )
     backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|im_start|>",
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=UNK,
     )
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+_CHAT_WORDS = ("system", "user", "assistant", "You", "are", "a", "helpful")
+"""The words of Qwen's chat format (roles, default system prompt) for the stand-in."""
 
 
 def write_random_base_model(

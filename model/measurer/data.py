@@ -10,6 +10,14 @@ Sequence layout (one row, before left padding)::
     <|im_start|> <|vision_start|> <|image_pad|> x n <|vision_end|> prompt words  answer  <|im_end|>
     '----------------------------- prompt: no labels ---------------------'  '- labels -'
 
+A tokenizer with a chat template (a released Qwen2.5-VL's, or ``QWEN_CHAT_TEMPLATE`` on the
+stand-in) gets its model's own format instead: the system turn, a user turn holding the image
+and the prompt, and the assistant turn whose content and closing ``<|im_end|>`` are the
+labels (``model.measurer.tokenizer.chat_prompt``)::
+
+    <|im_start|>system ... <|im_end|> <|im_start|>user <|vision_start|> <|image_pad|> x n
+    <|vision_end|> prompt words <|im_end|> <|im_start|>assistant  answer  <|im_end|>
+
 In RNED / xVal mode every number of the answer is one ``[NUM]`` token whose value travels in
 ``num_values`` (row-major); in standard-token mode numbers stay digits (``numeric=False``).
 """
@@ -40,7 +48,7 @@ from model.measurer.images import (
 )
 from model.measurer.results import FindingKind
 from model.measurer.tasks import measure_answer, measure_prompt, point_answer, point_prompt
-from model.measurer.tokenizer import special_ids
+from model.measurer.tokenizer import chat_prompt, special_ids
 from model.numeric.text import to_num_text
 
 if TYPE_CHECKING:
@@ -552,9 +560,15 @@ def encode_example(
     [NUM] tokens plus values (RNED, xVal), else as digits (standard tokens)."""
     pixel_values, grid = patchify_frames(example.images)
     ids = special_ids(tokenizer)
-    head = [ids["bos"], ids["vision_start"]]
-    head += [ids["image"]] * image_token_count(grid) + [ids["vision_end"]]
-    prompt = head + tokenizer.encode(" " + example.prompt, add_special_tokens=False)
+    images = [ids["image"]] * image_token_count(grid)
+    chat = chat_prompt(tokenizer, example.prompt)
+    if chat is None:
+        head = [ids["bos"], ids["vision_start"], *images, ids["vision_end"]]
+        prompt = head + tokenizer.encode(" " + example.prompt, add_special_tokens=False)
+    else:  # the one image pad of the template stands for the image's tokens
+        rendered = tokenizer.encode(chat, add_special_tokens=False)
+        at = rendered.index(ids["image"])
+        prompt = rendered[:at] + images + rendered[at + 1 :]
     values: tuple[float, ...] = ()
     answer: list[int] = []
     if example.answer is not None:
@@ -562,7 +576,8 @@ def encode_example(
         if numeric:
             converted = to_num_text(text)
             text, values = converted.text, converted.values
-        answer = [*tokenizer.encode(" " + text, add_special_tokens=False), ids["eos"]]
+        text = text if chat is not None else " " + text  # after "assistant\n": no space
+        answer = [*tokenizer.encode(text, add_special_tokens=False), ids["eos"]]
     return EncodedExample(
         input_ids=prompt + answer,
         labels=[IGNORE] * len(prompt) + answer,

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -59,12 +60,14 @@ __all__ = [
     "IMAGE_PAD",
     "NUM",
     "PAD",
+    "QWEN_CHAT_TEMPLATE",
     "UNK",
     "VIDEO_PAD",
     "VISION_END",
     "VISION_START",
     "VOCAB",
     "build_tokenizer",
+    "chat_prompt",
     "load_tokenizer",
     "special_ids",
 ]
@@ -190,3 +193,43 @@ def special_ids(tokenizer: PreTrainedTokenizerBase, *, with_num: bool = True) ->
             "tokenizer (and resize the model's embeddings) first"
         )
     return {role: int(vocab[token]) for role, token in roles.items()}
+
+
+QWEN_CHAT_TEMPLATE = (  # no whitespace control: every character outside the tags is output
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Qwen2.5-VL's chat format (system turn, user turn with the image first, assistant turn),
+for stand-in tokenizers that carry no template of their own; a released Qwen tokenizer brings
+its own (``tokenizer_config.json``)."""
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str | None:
+    """The text of one user turn (the image, then ``prompt``) and the opening of the
+    assistant's, in the tokenizer's chat template; None for a tokenizer without one (the
+    default model's: its prompts are the bare layout of ``model.measurer.data``)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    message: dict[str, Any] = {
+        "role": "user",
+        "content": [{"type": "image"}, {"type": "text", "text": prompt}],
+    }
+    render: Any = tokenizer.apply_chat_template
+    text = render([message], tokenize=False, add_generation_prompt=True)
+    if not isinstance(text, str) or text.count(IMAGE_PAD) != 1:
+        raise ValueError(
+            f"the tokenizer's chat template must render one image as one {IMAGE_PAD}; got "
+            f"{text!r}"
+        )
+    return text

@@ -403,3 +403,26 @@ def test_bad_configuration_is_a_clear_error(settings: dict[str, Any], message: s
 def test_conversion_rejects_unknown_settings(stock: Qwen2_5_VLForConditionalGeneration) -> None:
     with pytest.raises(ValueError, match="not Circle-RoPE settings"):
         CircleRopeQwen2_5_VLForConditionalGeneration.from_qwen2_5_vl(stock, strategy="all")
+
+
+def test_hidden_states_as_transformers_returns_them_and_no_attention_weights(
+    stock: Qwen2_5_VLForConditionalGeneration,
+) -> None:
+    """Without transformers' private output-capturing decorators the decoder still returns
+    ``hidden_states`` when asked (the embeddings and each layer's output, the last one normed,
+    as the stock model gives them: equal with strategy "off"); attention weights are refused
+    by name rather than silently missing."""
+    prompt = inputs()
+    ours = circle_model(stock, "off")
+    with torch.no_grad():
+        mine = ours(**prompt, output_hidden_states=True)
+        types = (prompt["input_ids"] == IMAGE).int()
+        theirs = stock(**prompt, mm_token_type_ids=types, output_hidden_states=True)
+        plain = ours(**prompt)
+    layers = KW["text_config"]["num_hidden_layers"]
+    assert len(mine.hidden_states) == len(theirs.hidden_states) == layers + 1
+    for a, b in zip(mine.hidden_states, theirs.hidden_states, strict=True):
+        assert torch.equal(a, b)
+    assert plain.hidden_states is None
+    with pytest.raises(ValueError, match="attention weights"), torch.no_grad():
+        ours(**prompt, output_attentions=True)

@@ -316,3 +316,55 @@ def test_a_delta_is_stored_in_its_base_models_dtype(tmp_path: Path) -> None:
     delta = load_file(out / "delta.safetensors")
     assert delta and {t.dtype for t in delta.values()} == {torch.bfloat16}
     assert any("lora_A" in n for n in delta) and "num_rows.output" in delta
+
+
+def test_a_real_checkpoints_prompts_are_in_its_chat_format(tmp_path: Path) -> None:
+    """With a chat template (Qwen's stand-in here; a released tokenizer brings its own) a
+    prompt is Qwen2.5-VL's system and user turns with the image first, then the opening of
+    the assistant's turn; only the answer and its <|im_end|> are labels; the saved tokenizer
+    keeps the template, so a trained checkpoint prompts the same way."""
+    from tokenizers import AddedToken
+
+    from model.measurer.data import MeasureExample, encode_example
+    from model.measurer.tokenizer import build_tokenizer, chat_prompt, special_ids
+
+    tokenizer = qwen_like_tokenizer(released_ids=False)
+    tokenizer.add_tokens([AddedToken(NUM, normalized=False, special=False)])  # as loading does
+    assert chat_prompt(tokenizer, "measure the lesion") == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        "<|vision_start|><|image_pad|><|vision_end|>measure the lesion<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    images = torch.zeros((1, 3, 56, 56), dtype=torch.float32)
+    example = MeasureExample("lesion", images, "measure the lesion", "32.5 x 18 mm")
+    encoded = encode_example(example, tokenizer, numeric=True)
+    tokens = tokenizer.convert_ids_to_tokens(encoded.input_ids)
+    n = tokens.count("<|image_pad|>")
+    assert n == 4 and tokens[:7] == [
+        "<|im_start|>",
+        "system",
+        "You",
+        "are",
+        "a",
+        "helpful",
+        "assistant",
+    ]
+    start = tokens.index("<|vision_start|>")
+    assert tokens[start - 2 : start] == ["<|im_start|>", "user"]
+    labelled = [t for t, label in zip(tokens, encoded.labels, strict=True) if label != -100]
+    assert labelled == [NUM, "x", NUM, "mm", "<|im_end|>"]
+    assert tokens[-len(labelled) - 2 : -len(labelled)] == ["<|im_start|>", "assistant"]
+    assert encoded.num_values == (32.5, 18.0)
+
+    tokenizer.save_pretrained(tmp_path / "tok")
+    from model.measurer.tokenizer import load_tokenizer
+
+    assert chat_prompt(load_tokenizer(tmp_path / "tok"), "x") == chat_prompt(tokenizer, "x")
+    plain = build_tokenizer()  # the default model: the bare layout, as it was trained
+    assert chat_prompt(plain, "x") is None
+    bare = encode_example(example, plain, numeric=True)
+    ids = special_ids(plain)
+    assert bare.input_ids[:2] == [ids["bos"], ids["vision_start"]]
+    tokenizer.chat_template = "{{ messages[0]['content'][1]['text'] }}"  # renders no image
+    with pytest.raises(ValueError, match="one image"):
+        encode_example(example, tokenizer)
