@@ -229,7 +229,6 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str | None:
     text = render([message], tokenize=False, add_generation_prompt=True)
     if not isinstance(text, str) or text.count(IMAGE_PAD) != 1:
         raise ValueError(
-            f"the tokenizer's chat template must render one image as one {IMAGE_PAD}; got "
-            f"{text!r}"
+            f"the tokenizer's chat template must render one image as one {IMAGE_PAD}; got {text!r}"
         )
     return text
