@@ -214,6 +214,9 @@ class TrainConfig:
     # the frozen weights' dtype: float32, bfloat16, or auto (bfloat16 for a real checkpoint on a
     # GPU, else float32); trainable parameters are float32 whatever it is
     weights_dtype: str = "auto"
+    # numeric head constructor options over the defaults of head_options(), e.g. {"p": 0.5}
+    # for the RNED codec's score weighting (the RND decoder's p ablation)
+    head_extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
@@ -320,11 +323,12 @@ class TrainConfig:
         if self.numeric_mode == NumericMode.STANDARD:
             return {}
         if self.numeric_mode == NumericMode.XVAL:
-            return {"lo": 0.0, "hi": self.number_hi}
+            return {"lo": 0.0, "hi": self.number_hi, **self.head_extra}
         options: dict[str, Any] = {"lo": 0.0, "hi": self.number_hi, "seed": self.seed}
         options["scale"] = self.size.initializer_range
         if self.numeric_mode == NumericMode.RNED_CORR:
             options["loss"] = "softmax"
+        options.update(self.head_extra)
         return options
 
     def to_json(self) -> dict[str, Any]:

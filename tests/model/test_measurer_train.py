@@ -218,3 +218,18 @@ def test_a_model_with_3d_find_context_trains_and_measures(tmp_path: Path) -> Non
     result = measurer.measure(study.volume, source="phantom", trace=seen)
     assert frames[0] > 0  # the find stage examined planes with their context
     assert result.model.name == measurer.settings.name
+
+
+def test_head_extra_reaches_the_numeric_head_and_round_trips() -> None:
+    """``head_extra`` overrides the head's constructor options (the RND decoder's p ablation
+    of benchmarks/bench_rned.py) and is stored with the configuration."""
+    from model.measurer.checkpoint import NumericMode, build_head
+
+    config = TrainConfig.tiny(numeric_mode=NumericMode.RNED_RND, head_extra={"p": 0.5})
+    options = config.head_options()
+    assert options["p"] == 0.5 and options["hi"] == config.number_hi
+    head = build_head(config.numeric_mode, 64, options)
+    assert head.codec.p == 0.5  # type: ignore[union-attr]
+    assert TrainConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    xval = TrainConfig.tiny(numeric_mode=NumericMode.XVAL, head_extra={"hi": 50.0})
+    assert xval.head_options() == {"lo": 0.0, "hi": 50.0}
