@@ -234,7 +234,8 @@ def test_a_fine_tuned_checkpoint_holds_what_changed_and_exports_standalone(
     """The checkpoint of a base-model run (the 3B's vocabulary and ids at narrow widths, tied
     and untied): the adapters, the merger, the [NUM] rows and the head, at most 10 % of the
     model's weights; it needs its base (hash checked; a moved base is named), and
-    ``export_checkpoint`` writes the same model standalone, bit for bit."""
+    ``export_checkpoint`` writes the same model standalone, bit for bit, which transformers'
+    Auto classes load once radcaliper's model package is imported."""
     base = write_random_base_model(tmp_path / "base", "3b", narrow=True, tied=tied, seed=0)
     config = small_base_config(base, steps=2, seed=4)
     out = train(config, tmp_path / "run", PhantomSource(1))
@@ -256,6 +257,12 @@ def test_a_fine_tuned_checkpoint_holds_what_changed_and_exports_standalone(
     ):
         assert torch.equal(x, y), name
     assert dataclasses.replace(loaded.settings, base_model=None) == standalone.settings
+    from transformers import AutoModelForImageTextToText  # registered by radcaliper's import
+
+    auto = AutoModelForImageTextToText.from_pretrained(tmp_path / "export", local_files_only=True)
+    assert type(auto) is type(standalone.model)
+    for name, tensor in auto.state_dict().items():
+        assert torch.equal(tensor, standalone.model.state_dict()[name]), name
 
     moved = tmp_path / "moved"
     base.rename(moved)
