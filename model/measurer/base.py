@@ -185,17 +185,10 @@ class NumLogitRow(torch.nn.Module):
 def base_weights_hash(directory: str | Path) -> str:
     """sha256 over a local checkpoint's ``config.json`` and safetensors files (names and
     bytes, sorted): the identity of the base model a fine-tuned checkpoint builds on."""
-    import hashlib
+    from model.measurer.checkpoint import files_sha256
 
     path = Path(directory)
-    files = sorted([path / "config.json", *path.glob("*.safetensors")])
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(file.name.encode() + b"\0")
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    return files_sha256([path / "config.json", *path.glob("*.safetensors")])
 
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -35,7 +35,7 @@ import enum
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -67,6 +67,7 @@ __all__ = [
     "checkpoint_hash",
     "default_checkpoint",
     "export_checkpoint",
+    "files_sha256",
     "load_checkpoint",
     "save_checkpoint",
     "save_delta_checkpoint",
@@ -395,14 +396,19 @@ def default_checkpoint() -> Path:
 def checkpoint_hash(directory: str | Path) -> str:
     """sha256 over the checkpoint's files (names and bytes, sorted; training state excluded):
     the identity of a model version as the store records it."""
+    return files_sha256(p for p in Path(directory).iterdir() if p.is_file())
+
+
+def files_sha256(paths: Iterable[Path]) -> str:
+    """sha256 over files' names and bytes, in name order (checkpoint and base-model
+    identities)."""
     import hashlib
 
-    root = Path(directory)
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.iterdir() if p.is_file()):
+    for path in sorted(paths):
         digest.update(path.name.encode() + b"\0")
         with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
+            for block in iter(lambda: handle.read(1 << 22), b""):
                 digest.update(block)
     return digest.hexdigest()
 

@@ -307,6 +307,13 @@ class TrainConfig:
         counts.update(stage.batches)
         return counts
 
+    @property
+    def saves_delta(self) -> bool:
+        """Whether the run's checkpoint and ``train_state`` hold only what it trains (a base
+        model's run; not one started from another checkpoint, whose weights are not the
+        base's)."""
+        return self.base_model is not None and self.init_from is None
+
     def resolved_weights_dtype(self, device_type: str) -> str:
         """``weights_dtype`` on a device of this type (``cuda``, ``cpu``)."""
         if self.weights_dtype != "auto":
@@ -431,25 +438,17 @@ def _trainable(lm: NumericLM, stage: Stage) -> list[nn.Parameter]:
 
     ``projector`` and ``lora`` (a real checkpoint) train the vision merger, the numeric head and
     the ``[NUM]`` logit row (``NUM_ROW``, a :class:`~model.measurer.base.NumLogitRow`; the
-    embedding matrices stay frozen), and ``lora`` the adapters too."""
-    from model.measurer.base import fine_tuned
-
+    embedding matrices stay frozen), and ``lora`` the adapters too (:func:`_tuned`)."""
     for name, parameter in lm.named_parameters():
-        if stage.trainable == "all":
-            parameter.requires_grad_(True)
-            continue
-        keep = name.startswith(("numeric_head.", NUM_ROW + ".")) or fine_tuned(name)
-        parameter.requires_grad_(keep)
+        parameter.requires_grad_(stage.trainable == "all" or _tuned(name))
     return [p for p in lm.parameters() if p.requires_grad]
 
 
-def _in_state(config: TrainConfig, name: str) -> bool:
-    """Whether ``train_state`` holds this ``NumericLM`` state entry: everything for the default
-    model; for a real checkpoint only what its stages train (the rest is the base model's)."""
+def _tuned(name: str) -> bool:
+    """Whether a ``NumericLM`` state entry is one a real checkpoint's stages train (and so
+    what its ``train_state`` holds): the head, the ``[NUM]`` row, the merger, the adapters."""
     from model.measurer.base import fine_tuned
 
-    if config.base_model is None or config.init_from is not None:
-        return True
     return name.startswith(("numeric_head.", NUM_ROW + ".")) or fine_tuned(name)
 
 
@@ -505,7 +504,7 @@ def _step_generators(seed: int, step: int) -> tuple[np.random.Generator, torch.G
 
 def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Write ``OUT/train_state`` atomically: the NumericLM's parameters and buffers (a real
-    checkpoint's run: only what its stages train, :func:`_in_state`), the AdamW moments and
+    checkpoint's run: only what its stages train, :func:`_tuned`), the AdamW moments and
     ``state.json``."""
     from safetensors.torch import save_file, save_model
 
@@ -514,13 +513,13 @@ def _save_state(out: Path, run: _Run, optimizer: torch.optim.Optimizer, step: in
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    if run.config.base_model is None or run.config.init_from is not None:
+    if not run.config.saves_delta:
         save_model(run.lm, str(partial / LM_NAME))  # shared (tied) tensors saved once
     else:
         saved = {
             name: tensor.detach().contiguous()
             for name, tensor in run.lm.state_dict().items()
-            if _in_state(run.config, name)
+            if _tuned(name)
         }
         save_file(saved, str(partial / LM_NAME))
     names = {id(p): n for n, p in run.lm.named_parameters()}
@@ -554,11 +553,11 @@ def _load_state(state_dir: Path, lm: NumericLM, config: TrainConfig) -> None:
     where the run had reached it)."""
     from safetensors.torch import load_file, load_model
 
-    if config.base_model is None or config.init_from is not None:
+    if not config.saves_delta:
         load_model(lm, str(state_dir / LM_NAME))
         return
     saved = load_file(str(state_dir / LM_NAME))
-    expected = {name for name in lm.state_dict() if _in_state(config, name)}
+    expected = {name for name in lm.state_dict() if _tuned(name)}
     if set(saved) != expected:
         raise ConfigurationError(
             f"{state_dir} does not fit this run's model ({len(expected - set(saved))} missing, "
@@ -831,7 +830,6 @@ def train(
         from model._transformers import enable_checkpointing
 
         enable_checkpointing(lm.model)
-    delta = config.base_model is not None and config.init_from is None
     if config.base_model is not None and lm.num_token_id is not None:
         output = cast(Any, lm.model).get_output_embeddings()
         lm.add_module(NUM_ROW, NumLogitRow(output, lm.num_token_id))
@@ -846,7 +844,7 @@ def train(
         if config.base_model is not None:
             name = "radcaliper-" + (Path(config.base_model).resolve().name or "base")
     settings = _settings(config, name, version, head_options, extra, domain)
-    if delta:  # the checkpoint holds what changed from this base model
+    if config.saves_delta:  # the checkpoint holds what changed from this base model
         settings = dataclasses.replace(settings, base_model=_base_reference(config))
     lora_step = _lora_from(config)
 
@@ -949,7 +947,7 @@ def train(
     lm.eval()
     lm.to("cpu")
     model: Any = lm.model
-    if delta:
+    if config.saves_delta:
         from model.measurer.base import base_weights_dtype
 
         stored = base_weights_dtype(cast(str, config.base_model))
