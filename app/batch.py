@@ -10,9 +10,14 @@ idempotently, and say what could not be used and why (README "Batch processing")
    No pixel is read.
 4. **Load** the chosen series in worker processes (``app.batch_worker``), a bounded number of
    studies ahead of
-5. **measure** (in this process) and **store**: one transaction per study, so a batch killed at
-   any moment leaves whole studies or nothing. A study found in the store after loading (same
-   input fingerprint) is not measured again.
+5. **measure** (in this process) and **store** (``app.batch_measure``): one transaction per
+   study, so a batch killed at any moment leaves whole studies or nothing. A study found in the
+   store after loading (same input fingerprint) is not measured again.
+
+Steps 1, 4 and 5 run on a :class:`BatchEngine`: :class:`LocalEngine` on this machine, or
+``app.batch_ray.RayEngine`` on a Ray cluster (header reads and loads as tasks, measuring and
+storing in actors). Planning, skipping, the state and the report stay in this process, so both
+engines store the same rows and write the same report.
 6. **Export** the study's DICOM SR when asked (once: an existing file is kept).
 
 A bad study never stops the batch: it becomes a failed record with its reason. Only a database
@@ -21,6 +26,7 @@ that stops working stops it (``BatchSummary.aborted``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -36,30 +42,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.batch_measure import StudyStored, database_reason, measure_and_store_study, unexpected
 from app.batch_report import write_report
 from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
-from app.batch_worker import LoadedSeries, StudyJob, StudyLoad, load_study, start_worker
-from app.measuring import run_identity, store_study
+from app.batch_worker import LoadOutline, StudyJob, StudyLoad, load_study, start_worker
+from app.measuring import run_identity
 from db.engine import Store
 from db.review import CorrectionLimits
-from db.store import StoreOutcome
-from ingestion.catalog import FileStatus
-from ingestion.errors import (
-    ConfigurationError,
-    ModelError,
-    NothingToExportError,
-    PreparationError,
-    StorageError,
-)
+from ingestion.catalog import FileRecord, FileStatus
+from ingestion.errors import ConfigurationError, NothingToExportError, StorageError
 from ingestion.selection import Note, NoteKind, SelectionRules, StudyPlan, plan_study
-from ingestion.volume import Volume
-from ingestion.work_index import ScanCounts, WorkIndex
-from model.measurer.results import StudyResult
+from ingestion.work_index import ScanCounts, WorkIndex, read_headers_here
 
 __all__ = [
+    "BatchEngine",
     "BatchListener",
     "BatchOptions",
     "BatchSummary",
+    "Loaded",
+    "LocalEngine",
+    "MeasuredStudy",
     "default_work_dir",
     "default_workers",
     "inference_threads",
@@ -67,8 +69,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_Measured = tuple[StudyResult, Volume, str]  # a result, its volume and input fingerprint
 
 PROBLEMS_KEPT = 10
 INDEX_NAME = "index.sqlite3"
@@ -271,12 +271,171 @@ def _signature(plan_input: list[Any], rules: SelectionRules) -> str:
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """An engine's event: a study's series were loaded (``outline``), or loading failed."""
+
+    key: int
+    outline: LoadOutline | None
+    error: str = ""  # why loading failed (a bug, or the loading process died)
+
+
+@dataclass(frozen=True)
+class MeasuredStudy:
+    """An engine's event: a study's series were measured and stored, or that failed."""
+
+    key: int
+    stored: StudyStored | None
+    error: str = ""  # why measuring failed as a whole (the measuring worker died)
+
+
+class BatchEngine(Protocol):
+    """Where a batch loads, measures and stores: this machine (:class:`LocalEngine`) or a
+    cluster (``app.batch_ray.RayEngine``). The batch plans, skips and records; an engine runs
+    the work it is given, for studies known by a key, and reports each step as an event."""
+
+    @property
+    def capacity(self) -> int:
+        """Studies to keep in flight (loading or measuring)."""
+        ...
+
+    @property
+    def scan_chunk(self) -> int:
+        """Files per call of :meth:`read_headers`."""
+        ...
+
+    def read_headers(self, chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
+        """The scan's header reads (``ingestion.work_index.HeaderReader``)."""
+        ...
+
+    def load(self, key: int, job: StudyJob) -> None:
+        """Start loading a study (a :class:`Loaded` event follows)."""
+        ...
+
+    def measure(self, key: int, series: tuple[int, ...]) -> None:
+        """Measure and store these of the key's loaded series, by position in its outline (a
+        :class:`MeasuredStudy` event follows); the load is released after."""
+        ...
+
+    def release(self, key: int) -> None:
+        """Forget the key's load: nothing of it is measured."""
+        ...
+
+    def next_event(self) -> Loaded | MeasuredStudy:
+        """The next finished step (blocks until there is one)."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever is still running."""
+        ...
+
+
+class LocalEngine:
+    """Loads in ``workers`` processes of this machine (0: in this process) while this process
+    measures and stores, a bounded number of studies ahead."""
+
+    def __init__(self, options: BatchOptions, store: Store, measurer: Any) -> None:
+        self.options = options
+        self.store = store
+        self.measurer = measurer
+        self.pool: ProcessPoolExecutor | None = None
+        self.pending: dict[Future[StudyLoad], int] = {}
+        self.loads: dict[int, StudyLoad] = {}
+        self.ready: collections.deque[Loaded | MeasuredStudy] = collections.deque()
+
+    @property
+    def capacity(self) -> int:
+        return max(1, 2 * self.options.workers)
+
+    scan_chunk = 1
+
+    def read_headers(self, chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
+        return read_headers_here(chunks)
+
+    def load(self, key: int, job: StudyJob) -> None:
+        if self.options.workers == 0:
+            try:
+                self._loaded(key, load_study(job))
+            except Exception as exc:  # a bug in loading: report it, go on
+                self.ready.append(Loaded(key, None, _loading_failed(exc)))
+            return
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(
+                max_workers=self.options.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=start_worker,
+                initargs=(os.getpid(), logging.getLogger().getEffectiveLevel()),
+            )
+        self.pending[self.pool.submit(load_study, job)] = key
+
+    def measure(self, key: int, series: tuple[int, ...]) -> None:
+        load = self.loads.pop(key)
+        stored = measure_and_store_study(
+            self.measurer,
+            self.store,
+            [load.loaded[i] for i in series],
+            actor=self.options.actor,
+            pseudonym_key=self.options.pseudonym_key,
+        )
+        self.ready.append(MeasuredStudy(key, stored))
+
+    def release(self, key: int) -> None:
+        self.loads.pop(key, None)
+
+    def next_event(self) -> Loaded | MeasuredStudy:
+        if not self.ready:
+            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                key = self.pending.pop(future)
+                try:
+                    self._loaded(key, future.result())
+                except BrokenProcessPool:
+                    self._broken_pool()
+                    reason = (
+                        "the loading process died (out of memory?) while loading this study; "
+                        "run the batch again to retry it"
+                    )
+                    self.ready.append(Loaded(key, None, reason))
+                except Exception as exc:  # a bug in loading: report it, go on
+                    self.ready.append(Loaded(key, None, _loading_failed(exc)))
+        return self.ready.popleft()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def _loaded(self, key: int, load: StudyLoad) -> None:
+        self.loads[key] = load
+        self.ready.append(Loaded(key, load.outline()))
+
+    def _broken_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+
+def _loading_failed(exc: Exception) -> str:
+    logger.debug("loading a study failed", exc_info=exc)
+    return f"while loading: {unexpected(exc)}"
+
+
+@dataclass(frozen=True)
+class _ToMeasure:
+    """A loaded study, between its load and its measuring."""
+
+    outline: LoadOutline
+    measure: tuple[int, ...]  # positions in outline.series
+    kept: tuple[tuple[str, str, int], ...]  # (series, fingerprint, run id) stored before
+
+
 class _Runner:
     def __init__(
         self,
         options: BatchOptions,
         store: Store,
         measurer: Any,
+        engine: BatchEngine,
         index: WorkIndex,
         state: BatchState,
         summary: BatchSummary,
@@ -285,87 +444,61 @@ class _Runner:
         self.options = options
         self.store = store
         self.measurer = measurer
+        self.engine = engine
         self.index = index
         self.state = state
         self.summary = summary
         self.listener = listener
         info = measurer.info
         self.model_key = f"{info.name}\x1f{info.version}\x1f{measurer.checkpoint_hash}"
-        self.pool: ProcessPoolExecutor | None = None
-        self.pending: dict[Future[StudyLoad], _Planned] = {}
+        self.planned: dict[int, _Planned] = {}
+        self.measuring: dict[int, _ToMeasure] = {}
+        self.keys = itertools.count()
 
     # --- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        limit = 2 * self.options.workers
         try:
             for uid in self.index.studies():
                 planned = self._plan(uid)
                 if planned is None:
                     continue
-                if self.options.workers == 0:
-                    self._load_here(planned)
-                    continue
-                self._submit(planned)
-                while len(self.pending) >= limit:
-                    self._collect()
-            while self.pending:
-                self._collect()
+                key = next(self.keys)
+                self.planned[key] = planned
+                self.engine.load(key, planned.job(self.options.rules.all_series))
+                while len(self.planned) >= self.engine.capacity:
+                    self._handle(self.engine.next_event())
+            while self.planned:
+                self._handle(self.engine.next_event())
         except _DatabaseFailed as failure:
             self.summary.aborted = str(failure)
         except KeyboardInterrupt:
             self.summary.interrupted = True
         finally:
-            if self.pool is not None:
-                self.pool.shutdown(wait=True, cancel_futures=True)
+            self.engine.close()
 
-    def _submit(self, planned: _Planned) -> None:
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(
-                max_workers=self.options.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=start_worker,
-                initargs=(os.getpid(), logging.getLogger().getEffectiveLevel()),
-            )
-        future = self.pool.submit(load_study, planned.job(self.options.rules.all_series))
-        self.pending[future] = planned
-
-    def _collect(self) -> None:
-        done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
-        for future in done:
-            planned = self.pending.pop(future)
-            try:
-                load = future.result()
-            except BrokenProcessPool:
-                self._broken_pool()
-                self._failed(
-                    planned,
-                    "the loading process died (out of memory?) while loading this study; run "
-                    "the batch again to retry it",
-                )
-                continue
-            except Exception as exc:  # a bug in loading: report it, go on
-                self._loading_failed(planned, exc)
-                continue
-            self._finish(planned, load)
-
-    def _load_here(self, planned: _Planned) -> None:
-        """``--workers 0``: load in this process."""
-        try:
-            load = load_study(planned.job(self.options.rules.all_series))
-        except Exception as exc:  # a bug in loading: report it, go on
-            self._loading_failed(planned, exc)
+    def _handle(self, event: Loaded | MeasuredStudy) -> None:
+        key = event.key
+        planned = self.planned[key]
+        if isinstance(event, Loaded):
+            work = None if event.outline is None else self._loaded(planned, event.outline)
+            if event.outline is None:
+                self._failed(planned, event.error)
+            if work is None:
+                del self.planned[key]
+                self.engine.release(key)
+                return
+            self.measuring[key] = work
+            self.engine.measure(key, work.measure)
             return
-        self._finish(planned, load)
-
-    def _loading_failed(self, planned: _Planned, exc: Exception) -> None:
-        logger.debug("loading a study failed", exc_info=exc)
-        self._failed(planned, f"while loading: {_unexpected(exc)}")
-
-    def _broken_pool(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
+        del self.planned[key]
+        work = self.measuring.pop(key)
+        if event.stored is None:
+            self._failed(planned, event.error)
+            return
+        if event.stored.database_error:
+            raise _DatabaseFailed(event.stored.database_error)
+        self._measured(planned, work, event.stored)
 
     # --- one study ---------------------------------------------------------------------------
 
@@ -414,7 +547,7 @@ class _Runner:
                         return None
                     ids.append(run.id)
         except (SQLAlchemyError, StorageError) as exc:
-            raise _DatabaseFailed(_database_reason(exc)) from exc
+            raise _DatabaseFailed(database_reason(exc)) from exc
         return tuple(ids)
 
     def _note_not_chosen(
@@ -442,28 +575,36 @@ class _Runner:
         self.state.note(planned.uid, notes)
         self.summary.skipped_series += len(notes)
 
-    def _finish(self, planned: _Planned, load: StudyLoad) -> None:
+    def _loaded(self, planned: _Planned, load: LoadOutline) -> _ToMeasure | None:
+        """Record the load's notes; what is left to measure (None: the study is done)."""
         self.state.note(planned.uid, load.notes)
         rejected = [n for n in load.notes if n.kind is NoteKind.REJECTED]
         self.summary.rejected_series += len(rejected)
         for note in rejected:
             self.summary.problem(note.reason)
         self.summary.skipped_series += len(load.notes) - len(rejected)
-        if not load.loaded:
+        if not load.series:
             reasons = "; ".join(n.reason for n in rejected) or "nothing loaded"
             self._failed(planned, f"no series could be loaded: {reasons}")
-            return
-        self._note_not_chosen(planned, tuple(_uid(s) for s in load.loaded), load.tried)
+            return None
+        self._note_not_chosen(planned, tuple(uid for uid, _ in load.series), load.tried)
         kept: list[tuple[str, str, int]] = []  # (series, fingerprint, run id) already stored
-        to_measure: list[LoadedSeries] = []
-        for series in load.loaded:
-            found = self._stored_runs(((_uid(series), series.fingerprint),))
+        to_measure: list[int] = []
+        for position, (uid, fingerprint) in enumerate(load.series):
+            found = self._stored_runs(((uid, fingerprint),))
             if found is None:
-                to_measure.append(series)
+                to_measure.append(position)
             else:
-                kept.append((_uid(series), series.fingerprint, found[0]))
-        measured, failures = self._measure(to_measure)
-        if not measured and not kept:
+                kept.append((uid, fingerprint, found[0]))
+        work = _ToMeasure(load, tuple(to_measure), tuple(kept))
+        if not to_measure:
+            self._measured(planned, work, StudyStored((), ()))
+            return None
+        return work
+
+    def _measured(self, planned: _Planned, work: _ToMeasure, stored: StudyStored) -> None:
+        failures = stored.failures
+        if not stored.stored and not work.kept:
             self._failed(planned, "; ".join(reason for _, reason in failures))
             return
         if failures:  # --all-series: some series measured, others refused
@@ -472,56 +613,21 @@ class _Runner:
             self.summary.rejected_series += len(notes)
             for _, reason in failures:
                 self.summary.problem(f"study {planned.uid}: {reason}")
-        outcomes = self._store(measured)
-        pairs = [(s, f) for s, f, _ in kept] + [(r.series_instance_uid, f) for r, _, f in measured]
+        pairs = [(s, f) for s, f, _ in work.kept] + [
+            (s.series_instance_uid, s.fingerprint) for s in stored.stored
+        ]
         record = StudyRecord(
             planned.uid,
-            Outcome.STORED if any(o.created for o in outcomes) else Outcome.ALREADY_STORED,
+            Outcome.STORED if any(s.created for s in stored.stored) else Outcome.ALREADY_STORED,
             tuple(s for s, _ in pairs),
-            tuple(i for _, _, i in kept) + tuple(o.run_id for o in outcomes),
-            sum(len(r.findings) for r, _, _ in measured) if measured else None,
+            tuple(i for _, _, i in work.kept) + tuple(s.run_id for s in stored.stored),
+            sum(s.findings for s in stored.stored) if stored.stored else None,
         )
         if not failures:  # a study with a refused series is tried again next time
             self.state.mark_done(
                 planned.uid, self.model_key, DoneEntry(planned.signature, tuple(pairs))
             )
         self._done(planned, record)
-
-    def _measure(self, loaded: list[LoadedSeries]) -> tuple[list[_Measured], list[tuple[str, str]]]:
-        """Measure each series; the refused ones (model, preparation or a bug) as reasons."""
-        measured: list[_Measured] = []
-        failures: list[tuple[str, str]] = []  # (series uid, why it was not measured)
-        for series in loaded:
-            volume = series.volume
-            source = os.path.commonpath([str(p) for p in volume.sources])
-            try:
-                result = self.measurer.measure(volume, source=source)
-            except (ModelError, PreparationError) as exc:
-                failures.append((_uid(series), f"series {_uid(series)}: {exc}"))
-                continue
-            except Exception as exc:  # a bug on one input must not stop the batch
-                logger.debug("measuring a series failed", exc_info=exc)
-                failures.append((_uid(series), f"series {_uid(series)}: {_unexpected(exc)}"))
-                continue
-            measured.append((result, volume, series.fingerprint))
-        return measured, failures
-
-    def _store(self, measured: list[_Measured]) -> list[StoreOutcome]:
-        if not measured:
-            return []
-        from sqlalchemy.exc import SQLAlchemyError
-
-        try:
-            return store_study(
-                self.store,
-                self.measurer,
-                measured,
-                started_at=datetime.now(UTC),
-                actor=self.options.actor,
-                pseudonym_key=self.options.pseudonym_key,
-            )
-        except (SQLAlchemyError, StorageError) as exc:
-            raise _DatabaseFailed(_database_reason(exc)) from exc
 
     def _failed(self, planned: _Planned, reason: str) -> None:
         self.summary.problem(f"study {planned.uid}: {reason}")
@@ -571,27 +677,20 @@ class _Runner:
         return str(done.path)
 
 
-def _unexpected(exc: Exception) -> str:
-    return f"unexpected error: {type(exc).__name__}: {exc}"
-
-
-def _uid(series: LoadedSeries) -> str:
-    return series.volume.identifiers.series_instance_uid
-
-
-def _database_reason(exc: Exception) -> str:
-    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return f"database: {reason[0] if reason else type(exc).__name__}"
-
-
 def run_batch(
     options: BatchOptions,
     *,
     store: Store,
     measurer: Any,
     listener: BatchListener | None = None,
+    engine: BatchEngine | None = None,
 ) -> BatchSummary:
     """Scan ``options.root`` and measure and store every study (module doc).
+
+    ``engine`` runs the reads, loads and measuring: by default a :class:`LocalEngine` on this
+    machine (inference gets the CPUs its loaders leave); ``app.batch_ray.RayEngine`` on a Ray
+    cluster. ``measurer`` names the model (``info``, ``checkpoint_hash``) and, with the local
+    engine, measures.
 
     Raises:
         ConfigurationError: another batch holds the work folder.
@@ -615,8 +714,15 @@ def run_batch(
         WorkIndex(options.work_dir / INDEX_NAME) as index,
         BatchState(options.work_dir / STATE_NAME) as state,
     ):
+        local = engine is None
+        engine = engine or LocalEngine(options, store, measurer)
         try:
-            summary.scan = index.scan(options.root, on_file=listener.scanned)
+            summary.scan = index.scan(
+                options.root,
+                on_file=listener.scanned,
+                read_headers=engine.read_headers,
+                chunk=engine.scan_chunk,
+            )
         except KeyboardInterrupt:
             summary.interrupted = True
             summary.seconds = time.perf_counter() - began
@@ -626,8 +732,9 @@ def run_batch(
             summary.problem(record.reason)
         summary.studies = index.study_count()
         listener.planned(summary.studies)
-        with _threads_beside(options.workers):
-            _Runner(options, store, measurer, index, state, summary, listener).run()
+        runner = _Runner(options, store, measurer, engine, index, state, summary, listener)
+        with _threads_beside(options.workers) if local else contextlib.nullcontext():
+            runner.run()
         summary.seconds = time.perf_counter() - began
         if options.report is not None:
             summary.report = write_report(options.report, summary, index, state)

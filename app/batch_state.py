@@ -160,7 +160,7 @@ class BatchState:
     def outcomes(self) -> Iterator[StudyRecord]:
         for row in self._db.execute(
             "SELECT study_uid, outcome, series, run_ids, findings, reason, sr, seconds "
-            "FROM outcomes ORDER BY seq"
+            "FROM outcomes ORDER BY study_uid, seq"
         ):
             yield StudyRecord(
                 row[0],
@@ -174,9 +174,10 @@ class BatchState:
             )
 
     def notes(self, kind: NoteKind) -> Iterator[tuple[str, Note]]:
-        """This run's notes of one kind with their study UID, in order."""
+        """This run's notes of one kind with their study UID, by study, in the order written."""
         for study, path, series, reason in self._db.execute(
-            "SELECT study_uid, path, series_uid, reason FROM notes WHERE kind = ? ORDER BY seq",
+            "SELECT study_uid, path, series_uid, reason FROM notes WHERE kind = ? "
+            "ORDER BY study_uid, seq",
             (str(kind),),
         ):
             where = None if path is None else Path(os.fsdecode(path))

@@ -23,7 +23,14 @@ from ingestion.scan import scan_files
 from ingestion.selection import Note, NoteKind
 from ingestion.volume import Volume
 
-__all__ = ["LoadedSeries", "StudyJob", "StudyLoad", "load_study", "start_worker"]
+__all__ = [
+    "LoadOutline",
+    "LoadedSeries",
+    "StudyJob",
+    "StudyLoad",
+    "load_study",
+    "start_worker",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +53,19 @@ class LoadedSeries:
 
 
 @dataclass(frozen=True)
+class LoadOutline:
+    """What the batch decides from when a study is loaded: the loaded series as ``(series
+    uid, input fingerprint)``, in the order of :attr:`StudyLoad.loaded`, and the notes. No
+    pixels: on a cluster the volumes stay with the workers."""
+
+    study_instance_uid: str
+    series: tuple[tuple[str, str], ...]
+    notes: tuple[Note, ...]
+    tried: tuple[str, ...]  # series UIDs tried, in order
+    seconds: float
+
+
+@dataclass(frozen=True)
 class StudyLoad:
     """What loading a study gave: volumes (none when no series could be used) and notes."""
 
@@ -54,6 +74,12 @@ class StudyLoad:
     notes: tuple[Note, ...]
     tried: tuple[str, ...]  # series UIDs tried, in order
     seconds: float
+
+    def outline(self) -> LoadOutline:
+        series = tuple(
+            (s.volume.identifiers.series_instance_uid, s.fingerprint) for s in self.loaded
+        )
+        return LoadOutline(self.study_instance_uid, series, self.notes, self.tried, self.seconds)
 
 
 def _load_series(uid: str, paths: tuple[Path, ...], notes: list[Note]) -> LoadedSeries | None:

@@ -32,12 +32,24 @@ from ingestion.catalog import FileRecord, FileStatus, ImageAttributes, catalog_f
 from ingestion.errors import UnreadableFileError
 from ingestion.scan import damaged_copy_reason, iter_files
 
-__all__ = ["ScanCounts", "WorkIndex"]
+__all__ = ["HeaderReader", "ScanCounts", "WorkIndex", "read_headers_here"]
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "3"  # 3: rejected files keep their SOPInstanceUID
 _COMMIT_EVERY = 500
+
+# Reads the headers of chunks of files (``catalog_file`` each) and yields each chunk's records,
+# in any order: in this process (``read_headers_here``) or spread over a cluster (app.batch_ray).
+HeaderReader = Callable[[Iterator[list[Path]]], Iterator[list[FileRecord]]]
+
+
+def read_headers_here(chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
+    """The default :data:`HeaderReader`: one chunk after the other, in this process."""
+    for chunk in chunks:
+        yield [catalog_file(path) for path in chunk]
+
+
 _PAGE = 256
 _COLUMNS = (
     "path, size, mtime_ns, status, reason, error, series_uid, study_uid, sop_uid, modality, "
@@ -209,8 +221,16 @@ class WorkIndex:
 
     # --- scanning ----------------------------------------------------------------------------
 
-    def scan(self, root: Path, *, on_file: Callable[[int], None] | None = None) -> ScanCounts:
-        """Catalog every file under ``root`` as a new generation; ``on_file(count)`` after each."""
+    def scan(
+        self,
+        root: Path,
+        *,
+        on_file: Callable[[int], None] | None = None,
+        read_headers: HeaderReader = read_headers_here,
+        chunk: int = 1,
+    ) -> ScanCounts:
+        """Catalog every file under ``root`` as a new generation; ``on_file(count)`` after each
+        file listed. The files to read go to ``read_headers`` in chunks of ``chunk``."""
         db = self._db
         generation = self.generation + 1
         counts = ScanCounts()
@@ -227,18 +247,29 @@ class WorkIndex:
             )
             self._put(record, generation)
 
-        db.execute("BEGIN")
-        try:
+        def to_read() -> Iterator[list[Path]]:
+            paths: list[Path] = []
             for path in iter_files(root, on_error=unreadable_folder):
                 counts.files += 1
                 if not self._touch(path, generation):
-                    self._put(catalog_file(path), generation)
-                    counts.read += 1
+                    paths.append(path)
+                    if len(paths) >= chunk:
+                        yield paths
+                        paths = []
                 if counts.files % _COMMIT_EVERY == 0:
                     db.execute("COMMIT")
                     db.execute("BEGIN")
                 if on_file is not None:
                     on_file(counts.files)
+            if paths:
+                yield paths
+
+        db.execute("BEGIN")
+        try:
+            for records in read_headers(to_read()):
+                for record in records:
+                    self._put(record, generation)
+                    counts.read += 1
             db.execute("UPDATE meta SET value = ? WHERE key = 'generation'", (str(generation),))
             db.execute("COMMIT")
         except BaseException:

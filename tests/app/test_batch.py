@@ -407,7 +407,7 @@ def test_a_database_failure_stops_the_batch_and_keeps_the_report(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("INSERT ...", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr("app.batch.store_study", broken)
+    monkeypatch.setattr("app.batch_measure.store_study", broken)
     options = BatchOptions(
         root=tmp_path / "tree", work_dir=tmp_path / "work", workers=0, report=tmp_path / "r"
     )

@@ -1,0 +1,117 @@
+"""Measuring and storing one study's loaded series: the batch's measuring step, run in the batch
+process (the local engine) or in a measuring worker on a cluster (``app.batch_ray``).
+
+It never raises for a series the model refuses or a bug on one input (the series becomes a
+failure with its reason), and reports a database that fails as :attr:`StudyStored.database_error`
+(the batch then stops: every further study would fail the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from app.batch_worker import LoadedSeries
+from app.measuring import store_study
+from db.engine import Store
+from ingestion.errors import ModelError, PreparationError, StorageError
+from ingestion.volume import Volume
+from model.measurer.results import StudyResult
+
+__all__ = [
+    "SeriesStored",
+    "StudyStored",
+    "database_reason",
+    "measure_and_store_study",
+    "unexpected",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SeriesStored:
+    """One series measured and stored: its run (``created`` False: it was stored before)."""
+
+    series_instance_uid: str
+    fingerprint: str
+    run_id: int
+    created: bool
+    findings: int
+
+
+@dataclass(frozen=True)
+class StudyStored:
+    """What measuring and storing a study's series gave."""
+
+    stored: tuple[SeriesStored, ...]
+    failures: tuple[tuple[str, str], ...]  # (series uid, why it was not measured)
+    database_error: str = ""  # the store failed: nothing of this study was stored
+
+
+def unexpected(exc: BaseException) -> str:
+    """A reason for an error nobody expected (a bug): its class and message."""
+    return f"unexpected error: {type(exc).__name__}: {exc}"
+
+
+def database_reason(exc: BaseException) -> str:
+    """One line on a database failure (the driver's first line, without the SQL)."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"database: {reason[0] if reason else type(exc).__name__}"
+
+
+def measure_and_store_study(
+    measurer: Any,
+    store: Store,
+    series: Sequence[LoadedSeries],
+    *,
+    actor: str,
+    pseudonym_key: str | None,
+) -> StudyStored:
+    """Measure each series with ``measurer`` and store the results in one transaction."""
+    measured: list[tuple[StudyResult, Volume, str]] = []
+    failures: list[tuple[str, str]] = []
+    for loaded in series:
+        volume = loaded.volume
+        uid = volume.identifiers.series_instance_uid
+        source = os.path.commonpath([str(p) for p in volume.sources])
+        try:
+            result = measurer.measure(volume, source=source)
+        except (ModelError, PreparationError) as exc:
+            failures.append((uid, f"series {uid}: {exc}"))
+            continue
+        except Exception as exc:  # a bug on one input must not stop the batch
+            logger.debug("measuring a series failed", exc_info=exc)
+            failures.append((uid, f"series {uid}: {unexpected(exc)}"))
+            continue
+        measured.append((result, volume, loaded.fingerprint))
+    if not measured:
+        return StudyStored((), tuple(failures))
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        outcomes = store_study(
+            store,
+            measurer,
+            measured,
+            started_at=datetime.now(UTC),
+            actor=actor,
+            pseudonym_key=pseudonym_key,
+        )
+    except (SQLAlchemyError, StorageError) as exc:
+        return StudyStored((), tuple(failures), database_reason(exc))
+    stored = tuple(
+        SeriesStored(
+            result.series_instance_uid,
+            fingerprint,
+            outcome.run_id,
+            outcome.created,
+            len(result.findings),
+        )
+        for (result, _, fingerprint), outcome in zip(measured, outcomes, strict=True)
+    )
+    return StudyStored(stored, tuple(failures))
