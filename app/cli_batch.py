@@ -6,6 +6,7 @@ outcome into one summary, the report files and the exit status.
 
 from __future__ import annotations
 
+import enum
 import logging
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,6 +53,11 @@ class _Listener:
         self.display.update(self.study_task, completed=self.done, status=status)
 
 
+class Engine(enum.StrEnum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
 def _print_summary(summary: Any) -> None:
     scan = summary.scan
     hours = summary.seconds / 3600
@@ -95,10 +101,38 @@ def batch(
         typer.Option(
             "--workers",
             min=0,
-            help="Processes that load studies while this one measures (default: half the "
-            "CPUs, 1 to 8; 0 loads in this process). Inference gets the other CPUs.",
+            help="Local engine: processes that load studies while this one measures (default: "
+            "half the CPUs, 1 to 8; 0 loads in this process); inference gets the other CPUs. "
+            "Ray engine: measuring workers, each with the model loaded once (default: one per "
+            "--gpus-per-worker GPUs, else half the cluster's CPUs).",
         ),
     ] = None,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            "--engine",
+            case_sensitive=False,
+            help="Where to run: 'local' (this machine) or 'ray' (a Ray cluster: header reads "
+            "and loads as tasks, measuring and storing in workers; pip install "
+            "'radcaliper[ray]').",
+        ),
+    ] = Engine.LOCAL,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="Ray engine: the cluster to join: 'auto' (this machine's running cluster), "
+            "HOST:PORT or ray://HOST:PORT (default: start a Ray instance on this machine).",
+        ),
+    ] = None,
+    gpus_per_worker: Annotated[
+        float,
+        typer.Option(
+            "--gpus-per-worker",
+            min=0,
+            help="Ray engine: GPUs each measuring worker holds (0: CPU workers).",
+        ),
+    ] = 0.0,
     report: Annotated[
         Path | None,
         typer.Option(
@@ -165,9 +199,11 @@ def batch(
     secondary captures; axial first, then the thinnest reconstruction), loaded in worker
     processes while this process measures, and stored in one transaction per study. A re-run
     skips what is stored for the same model and input, so a killed batch resumes where it
-    stopped. Exit status: 0 every study done and no file rejected, 1 some files or studies
-    failed (the others are stored), 2 nothing could run (no ROOT, no study under it, an
-    unusable database or model, or another batch in the work folder).
+    stopped. With --engine ray the same batch runs on a Ray cluster (every node sees ROOT, the
+    model and the database at the same addresses; PostgreSQL on more than one node). Exit
+    status: 0 every study done and no file rejected, 1 some files or studies failed (the others
+    are stored), 2 nothing could run (no ROOT, no study under it, an unusable database or
+    model, no Ray for --engine ray, or another batch in the work folder).
     """
     from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
     from app.files import owner_only_dir
@@ -175,6 +211,12 @@ def batch(
     from ingestion.selection import SelectionRules
 
     settings = settings_of(ctx)
+    if engine is Engine.LOCAL and (address is not None or gpus_per_worker):
+        err.print(
+            "[red]error:[/red] --address and --gpus-per-worker are options of --engine ray",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_NOTHING)
     if not root.exists():
         err.print(f"[red]error:[/red] {escape(str(root))}: no such file or folder", highlight=False)
         raise typer.Exit(EXIT_NOTHING)
@@ -195,7 +237,7 @@ def batch(
         root=root,
         work_dir=work or default_work_dir(settings.data_dir, root),
         rules=rules,
-        workers=default_workers() if workers is None else workers,
+        workers=default_workers() if workers is None or engine is Engine.RAY else workers,
         export_sr=export_sr,
         report=report,
         organization=organization,
@@ -203,13 +245,18 @@ def batch(
         pseudonym_key=settings.pseudonym_key,
         correction_limits=settings.correction_limits,
     )
+    if engine is Engine.RAY:
+        _check_ray(workers, gpus_per_worker)
     store = open_database(ctx, db, create=True)
     try:
-        measurer = load_measurer(model_dir)
-        with progress_display() as display:
-            summary = run_batch(
-                options, store=store, measurer=measurer, listener=_Listener(display)
-            )
+        if engine is Engine.RAY:
+            summary = _run_on_ray(options, store, model_dir, address, workers, gpus_per_worker)
+        else:
+            measurer = load_measurer(model_dir)
+            with progress_display() as display:
+                summary = run_batch(
+                    options, store=store, measurer=measurer, listener=_Listener(display)
+                )
     except ConfigurationError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
@@ -231,3 +278,45 @@ def batch(
             f"[red]error:[/red] no CT/MR image study under {escape(str(root))}", highlight=False
         )
     raise typer.Exit(summary.exit_code)
+
+
+def _check_ray(workers: int | None, gpus_per_worker: float) -> None:
+    """Ray installed and the options valid, before the database is opened (exit 2 if not)."""
+    from app.batch_ray import RayOptions, import_ray
+    from ingestion.errors import ConfigurationError
+
+    try:
+        import_ray()
+        RayOptions(workers=workers or None, gpus_per_worker=gpus_per_worker)
+    except (ConfigurationError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    if workers == 0:
+        err.print("[red]error:[/red] --engine ray needs --workers >= 1 (measuring workers)")
+        raise typer.Exit(EXIT_NOTHING)
+
+
+def _run_on_ray(
+    options: Any,
+    store: Any,
+    model_dir: Path | None,
+    address: str | None,
+    workers: int | None,
+    gpus_per_worker: float,
+) -> Any:
+    """The batch on Ray: the model named from its directory (its weights load in the workers)."""
+    from app.batch import run_batch
+    from app.batch_ray import ModelIdentity, RayEngine, RayOptions
+    from ingestion.errors import ModelError
+    from model.measurer.checkpoint import default_checkpoint
+
+    try:
+        model = ModelIdentity.of(model_dir or default_checkpoint())
+    except ModelError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    ray_options = RayOptions(address=address, workers=workers, gpus_per_worker=gpus_per_worker)
+    with RayEngine(options, store, model, ray_options) as engine, progress_display() as display:
+        return run_batch(
+            options, store=store, measurer=model, listener=_Listener(display), engine=engine
+        )

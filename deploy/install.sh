@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install radcaliper into a virtual environment (default .venv) with its development tools.
+# Install radcaliper into a virtual environment (default .venv) with its development tools and
+# the optional Ray engine of `radcaliper batch` (its tests need it; RADCALIPER_EXTRAS=dev leaves
+# Ray out, and the rest of the suite passes without it).
 #
 #   deploy/install.sh            # CPU machine: pins the CPU build of torch first (no CUDA wheels)
 #   RADCALIPER_GPU=1 deploy/install.sh   # force a normal (CUDA) torch install
@@ -20,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-want="$(sha256sum pyproject.toml deploy/install.sh | sha256sum | cut -c1-16)"
+want="$( (sha256sum pyproject.toml deploy/install.sh; echo "${RADCALIPER_EXTRAS:-dev,ray}") | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -46,7 +48,7 @@ if [ -z "$gpu" ]; then
   esac
 fi
 
-"$PY" -m pip install -q -e ".[dev]"
+"$PY" -m pip install -q -e ".[${RADCALIPER_EXTRAS:-dev,ray}]"
 
 if [ -z "$gpu" ] && "$PY" -m pip list 2>/dev/null | grep -qiE '^nvidia-|^triton '; then
   echo "install: CUDA packages were pulled on a machine without a GPU; see README 'Install'" >&2

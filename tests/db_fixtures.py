@@ -142,3 +142,23 @@ def users(store: Store) -> dict[str, User]:
             out[name] = add_user(session, name, role, password="correct horse", actor="cli:test")
         session.commit()
     return out
+
+
+@pytest.fixture(scope="module")
+def postgres_factory(postgres_template: str) -> Iterator[Callable[[], Store]]:
+    """Fresh migrated PostgreSQL stores shared by a module's tests (e.g. one reference run that
+    several tests compare with); all are dropped at the module's end."""
+    made: list[tuple[Store, str]] = []
+
+    def make() -> Store:
+        name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
+        with _admin(POSTGRES) as connection:
+            connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
+        made.append((open_store(_with_database(POSTGRES, name)), name))
+        return made[-1][0]
+
+    yield make
+    for opened, name in made:
+        opened.dispose()
+        with _admin(POSTGRES) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,432 @@
+"""``radcaliper batch --engine ray``: the same batch spread over a Ray cluster (README "Batch on
+a Ray cluster").
+
+The batch process (the *driver*) still walks the tree, plans and skips studies, keeps the work
+index and the resume state and writes the report (``app.batch``); :class:`RayEngine` runs the
+rest on the cluster:
+
+- the **header reads** of the scan, as tasks of :data:`SCAN_CHUNK` files each;
+- each study's **load**, as a task that returns the outline (what the driver decides from) and
+  the volumes separately: the pixels go from the loading node to the measuring one, never
+  through the driver;
+- the **measuring and storing**, in actors (*measuring workers*) that load the model once, on
+  CPUs or ``gpus_per_worker`` GPUs each, and store each study in one transaction
+  (``app.batch_measure``), straight into the database.
+
+Faults: a load task whose process dies is retried (Ray's task retries); a measuring worker that
+dies is restarted, on any node, and its study retried. Storing is idempotent (unique runs), so a
+study measured twice is stored once. A driver killed and started again resumes from its state
+and the store, as the local engine does.
+
+Every node must see the tree, the model directory and the database at the same addresses: a
+shared file system and a database server (PostgreSQL). An SQLite file is refused on a cluster of
+more than one node. Ray is an optional dependency (``pip install 'radcaliper[ray]'``), imported
+only here, and only when the engine is made.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from app.batch import BatchOptions, Loaded, MeasuredStudy, usable_cpus
+from app.batch_measure import StudyStored, measure_and_store_study, unexpected
+from app.batch_worker import LoadedSeries, LoadOutline, StudyJob, load_study
+from db.engine import Store
+from ingestion.catalog import FileRecord, catalog_file
+from ingestion.errors import ConfigurationError
+from model.measurer.results import ModelInfo
+
+__all__ = [
+    "RAY_MISSING",
+    "SCAN_CHUNK",
+    "ModelIdentity",
+    "RayEngine",
+    "RayOptions",
+    "import_ray",
+    "worker_url",
+]
+
+logger = logging.getLogger(__name__)
+
+RAY_MISSING = (
+    "the ray engine needs Ray, which is not installed: pip install 'radcaliper[ray]' "
+    "(or run the batch with the default --engine local)"
+)
+SCAN_CHUNK = 64  # files per header-reading task
+RETRIES = 3  # a load task or a measuring worker whose process dies, before the study fails
+
+
+def import_ray() -> ModuleType:
+    """The ``ray`` module, or ``ConfigurationError`` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigurationError(RAY_MISSING) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the driver needs of the model: its name and version and its checkpoint's hash
+    (``app.measuring.run_identity``), read from the directory without loading any weight."""
+
+    info: ModelInfo
+    checkpoint_hash: str
+    directory: Path
+
+    @classmethod
+    def of(cls, directory: Path) -> ModelIdentity:
+        """``ModelError`` when ``directory`` is not a measurer checkpoint."""
+        from ingestion.errors import ModelError
+        from model.measurer.checkpoint import SETTINGS_NAME, MeasurerSettings, checkpoint_hash
+
+        path = directory / SETTINGS_NAME
+        try:
+            settings = MeasurerSettings.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"{directory} is not a radcaliper measurer checkpoint: cannot read {path} ({exc})"
+            ) from None
+        info = ModelInfo(
+            settings.name,
+            settings.version,
+            settings.numeric_mode.value,
+            settings.not_for_clinical_use,
+        )
+        return cls(info, checkpoint_hash(directory), directory.resolve())
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how to run on Ray (the command line's options)."""
+
+    address: str | None = None  # None: a Ray instance on this machine; "auto"; "ray://HOST:PORT"
+    workers: int | None = None  # measuring workers; None: one per GPU group, else CPUs // 2
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: int = 1  # CPUs a measuring worker holds (and torch's threads in it)
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"measuring workers must be >= 1, got {self.workers}")
+        if self.gpus_per_worker < 0 or not math.isfinite(self.gpus_per_worker):
+            raise ValueError(f"--gpus-per-worker must be >= 0, got {self.gpus_per_worker}")
+        if self.cpus_per_worker < 1:
+            raise ValueError(f"CPUs per measuring worker must be >= 1, got {self.cpus_per_worker}")
+
+
+def worker_url(store: Store, nodes: int) -> str:
+    """The database URL the measuring workers open: PostgreSQL as is; an SQLite file by its
+    absolute path on a one-node cluster, refused on more (``ConfigurationError``)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store.url)
+    if url.get_backend_name() != "sqlite":
+        return store.url
+    database = url.database or ""
+    if not database or database == ":memory:":
+        raise ConfigurationError(
+            "the ray engine needs a database the measuring workers can open: an in-memory "
+            "SQLite database cannot be shared; use a file or PostgreSQL"
+        )
+    if nodes > 1:
+        raise ConfigurationError(
+            f"the database is an SQLite file ({database}) and the Ray cluster has {nodes} "
+            "nodes: measuring workers on other nodes cannot write to it. Use PostgreSQL "
+            "(--db postgresql://USER@HOST/DB, or RADCALIPER_DATABASE_URL), or run on one node"
+        )
+    return url.set(database=str(Path(database).resolve())).render_as_string(hide_password=False)
+
+
+# --- what runs on the cluster (module functions: Ray ships them by reference) ----------------
+
+_logging_level: int | None = None
+
+
+def _worker_logging(level: int) -> None:
+    """Log in a Ray worker process as the batch does (once per process)."""
+    global _logging_level
+    if _logging_level != level:
+        from app.logs import configure_logging
+
+        configure_logging(logging.getLevelName(level))
+        _logging_level = level
+
+
+def _read_headers(paths: list[Path], level: int) -> list[FileRecord]:
+    _worker_logging(level)
+    return [catalog_file(path) for path in paths]
+
+
+def _load(job: StudyJob, level: int) -> tuple[LoadOutline, tuple[LoadedSeries, ...]]:
+    _worker_logging(level)
+    load = load_study(job)
+    return load.outline(), load.loaded
+
+
+class MeasuringWorker:
+    """A Ray actor: the model, loaded once, and a connection to the database."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        db_url: str,
+        actor: str,
+        pseudonym_key: str | None,
+        threads: int,
+        level: int,
+    ) -> None:
+        import torch
+        from transformers.utils import logging as transformers_logging
+
+        from db.engine import open_store
+        from model.measurer.pipeline import CheckpointMeasurer
+
+        _worker_logging(level)
+        torch.set_num_threads(threads)
+        transformers_logging.disable_progress_bar()  # "Loading weights" bars in every log
+        self.measurer = CheckpointMeasurer.load(Path(model_dir))
+        self.store = open_store(db_url)
+        self.actor = actor
+        self.pseudonym_key = pseudonym_key
+
+    def identity(self) -> tuple[str, str, str]:
+        """Name, version and checkpoint hash of the model this worker loaded."""
+        info = self.measurer.info
+        return info.name, info.version, self.measurer.checkpoint_hash
+
+    def measure(self, loaded: tuple[LoadedSeries, ...], positions: tuple[int, ...]) -> StudyStored:
+        return measure_and_store_study(
+            self.measurer,
+            self.store,
+            [loaded[i] for i in positions],
+            actor=self.actor,
+            pseudonym_key=self.pseudonym_key,
+        )
+
+
+# --- the engine (in the driver) ------------------------------------------------------------
+
+
+class RayEngine:
+    """``app.batch.BatchEngine`` on a Ray cluster; a context manager that connects (or starts a
+    Ray instance on this machine), starts the measuring workers, checks that each loaded the
+    driver's model, and disconnects."""
+
+    def __init__(
+        self,
+        options: BatchOptions,
+        store: Store,
+        model: ModelIdentity,
+        ray_options: RayOptions,
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.model = model
+        self.ray_options = ray_options
+        self.ray = import_ray()
+        self.level = logging.getLogger().getEffectiveLevel()
+        self.started = False
+        self.workers: list[Any] = []
+        self.busy: list[int] = []  # studies in flight per worker
+        self.pending: dict[Any, tuple[int, str]] = {}  # ref -> (key, "load" | "measure")
+        self.volumes: dict[int, Any] = {}  # key -> ref of its loaded series
+        self.on_worker: dict[int, int] = {}  # key -> the worker measuring it
+        self.nodes = 0
+        self.cpus = 0.0
+
+    # --- connecting ----------------------------------------------------------------------------
+
+    def __enter__(self) -> RayEngine:
+        ray = self.ray
+        opts = self.ray_options
+        if not ray.is_initialized():
+            if opts.address is None:
+                # this machine: CPUs for the measuring workers and at least one to load
+                workers = opts.workers or max(1, usable_cpus() // 2)
+                cpus = max(usable_cpus(), workers * opts.cpus_per_worker + 1)
+                ray.init(
+                    address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=True
+                )
+            else:
+                ray.init(address=opts.address, log_to_driver=True)
+            self.started = True
+        try:
+            self._start_workers()
+        except BaseException:
+            self.close()
+            self._disconnect()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+    def _start_workers(self) -> None:
+        ray = self.ray
+        opts = self.ray_options
+        self.nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        resources = ray.cluster_resources()
+        self.cpus = float(resources.get("CPU", 0))
+        gpus = float(resources.get("GPU", 0))
+        url = worker_url(self.store, self.nodes)
+        count = opts.workers or self._default_workers(gpus)
+        if opts.gpus_per_worker and count * opts.gpus_per_worker > gpus:
+            raise ConfigurationError(
+                f"{count} measuring worker(s) of {opts.gpus_per_worker:g} GPU(s) need "
+                f"{count * opts.gpus_per_worker:g} GPUs; the Ray cluster has {gpus:g}"
+            )
+        if count * opts.cpus_per_worker >= self.cpus:
+            raise ConfigurationError(
+                f"{count} measuring worker(s) of {opts.cpus_per_worker} CPU(s) leave none of the "
+                f"Ray cluster's {self.cpus:g} CPUs to read and load studies: use fewer --workers"
+            )
+        actor_class = ray.remote(MeasuringWorker).options(
+            num_cpus=opts.cpus_per_worker,
+            num_gpus=opts.gpus_per_worker,
+            max_restarts=RETRIES,
+            max_task_retries=RETRIES,
+            scheduling_strategy="SPREAD",
+        )
+        self.workers = [
+            actor_class.remote(
+                str(self.model.directory),
+                url,
+                self.options.actor,
+                self.options.pseudonym_key,
+                opts.cpus_per_worker,
+                self.level,
+            )
+            for _ in range(count)
+        ]
+        self.busy = [0] * count
+        expected = (self.model.info.name, self.model.info.version, self.model.checkpoint_hash)
+        for worker in self.workers:
+            try:
+                found = ray.get(worker.identity.remote())
+            except ray.exceptions.RayError as exc:
+                raise ConfigurationError(
+                    f"a measuring worker could not start: {_cause(exc)} (every node needs the "
+                    f"model at {self.model.directory} and the database)"
+                ) from None
+            if tuple(found) != expected:
+                raise ConfigurationError(
+                    f"a measuring worker loaded another model from {self.model.directory} "
+                    f"({found[0]} {found[1]}, checkpoint {found[2][:12]}) than this process "
+                    f"({expected[0]} {expected[1]}, checkpoint {expected[2][:12]}): every node "
+                    "needs the same checkpoint at the same path"
+                )
+        logger.info(
+            "ray: %d node(s), %g CPU(s), %g GPU(s); %d measuring worker(s)",
+            self.nodes,
+            self.cpus,
+            gpus,
+            count,
+        )
+
+    def _default_workers(self, gpus: float) -> int:
+        per = self.ray_options.gpus_per_worker
+        if per:
+            return max(1, int(gpus // per))
+        return max(1, int(self.cpus // (2 * self.ray_options.cpus_per_worker)))
+
+    # --- app.batch.BatchEngine -----------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return 2 * len(self.workers) + 2
+
+    scan_chunk = SCAN_CHUNK
+
+    def read_headers(self, chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
+        ray = self.ray
+        task = ray.remote(_read_headers).options(max_retries=RETRIES)
+        window = max(2, int(2 * self.cpus))
+        inflight: dict[Any, list[Path]] = {}
+
+        def finished() -> Iterator[list[FileRecord]]:
+            done, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in done:
+                paths = inflight.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the reading process died: read here
+                    logger.warning("a header-reading task failed (%s); read here", _cause(exc))
+                    yield [catalog_file(path) for path in paths]
+
+        for chunk in chunks:
+            inflight[task.remote(chunk, self.level)] = chunk
+            if len(inflight) >= window:
+                yield from finished()
+        while inflight:
+            yield from finished()
+
+    def load(self, key: int, job: StudyJob) -> None:
+        task = self.ray.remote(_load).options(num_returns=2, max_retries=RETRIES)
+        outline, volumes = task.remote(job, self.level)
+        self.pending[outline] = (key, "load")
+        self.volumes[key] = volumes
+
+    def measure(self, key: int, series: tuple[int, ...]) -> None:
+        worker = min(range(len(self.workers)), key=self.busy.__getitem__)
+        self.busy[worker] += 1
+        self.on_worker[key] = worker
+        ref = self.workers[worker].measure.remote(self.volumes.pop(key), series)
+        self.pending[ref] = (key, "measure")
+
+    def release(self, key: int) -> None:
+        self.volumes.pop(key, None)
+
+    def next_event(self) -> Loaded | MeasuredStudy:
+        ray = self.ray
+        done, _ = ray.wait(list(self.pending), num_returns=1)
+        ref = done[0]
+        key, kind = self.pending.pop(ref)
+        if kind == "load":
+            try:
+                outline: LoadOutline = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                return Loaded(key, None, f"while loading: {_cause(exc)}")
+            return Loaded(key, outline)
+        self.busy[self.on_worker.pop(key)] -= 1
+        try:
+            stored: StudyStored = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            reason = (
+                f"the measuring worker failed {RETRIES + 1} times on this study ({_cause(exc)}); "
+                "run the batch again to retry it"
+            )
+            return MeasuredStudy(key, None, reason)
+        return MeasuredStudy(key, stored)
+
+    def close(self) -> None:
+        ray = self.ray
+        for ref, (_, kind) in list(self.pending.items()):
+            if kind == "load":
+                ray.cancel(ref, force=True)
+        self.pending.clear()
+        self.volumes.clear()
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+
+
+def _cause(exc: BaseException) -> str:
+    """The error inside a Ray error (a task's own exception), in one line."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return unexpected(cause)
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}"
