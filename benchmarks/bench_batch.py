@@ -4,7 +4,8 @@ memory as the tree grows (issue 9).
 Usage (from the repository root, in the project's virtualenv)::
 
     python benchmarks/bench_batch.py [--studies 200,1000] [--spec full|small] [--workers N]
-                                     [--cores 0,1] [--data DIR] [--json FILE]
+                                     [--engines local,ray:1,ray:2] [--cores 0,1] [--data DIR]
+                                     [--json FILE]
 
 For each tree size N (written once under ``--data``, default ``benchmarks/data/batch``, and
 reused): N phantom studies (``--spec full``: the phantom spec's sizes, 224-288 pixels, 20-60
@@ -16,11 +17,16 @@ slices; ``small``: 128 x 128 x 20-24, for quick runs), each study a DICOM series
    (start-up and model load included) and the batch's own time from the report; studies/hour.
 2. The same command again: nothing new is stored; its wall time.
 
-Memory: the child's process tree (the batch and its loader processes) is sampled every 0.1 s
-from ``/proc``; the table gives the peak of the tree's summed RSS and each process's own peak
-(the batch, then its loaders; the sampling can miss a peak shorter than 0.1 s). Memory must not
-grow with N: the file index and the report live on disk, and at most ``2 x workers`` studies
-are loaded at a time.
+``--engines`` runs the same tree on each engine in turn: ``local`` (with ``--workers`` loader
+processes) and ``ray:K`` (``--engine ray --workers K``: a Ray instance started by the batch on
+this machine, K measuring workers; issue 25).
+
+Memory: the child's process tree (the batch and its loader processes; with Ray, the Ray
+instance it starts and its workers) is sampled every 0.1 s from ``/proc``; the table gives the
+peak of the tree's summed RSS and each process's own peak by role (the batch, loaders, Ray's
+measuring workers, Ray's task workers, Ray's own services; the sampling can miss a peak shorter
+than 0.1 s). Memory must not grow with N: the file index and the report live on disk, and at
+most ``2 x workers`` studies (Ray: ``2 x workers + 2``) are loaded at a time.
 """
 
 from __future__ import annotations
@@ -71,6 +77,31 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _role(pid: int, batch: int) -> str:
+    """What a process of the batch's tree is, from its command line (Ray renames workers)."""
+    if pid == batch:
+        return "batch"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    if "ray::MeasuringWorker" in command:
+        return "ray measuring worker"
+    if command.startswith("ray::"):
+        return "ray task worker"
+    if "multiprocessing" in command:
+        return "loader"
+    return "ray service"
+
+
+def _by_role(sampler: _Sampler) -> dict[str, list[int]]:
+    """Each process's peak RSS (MiB), highest first, by role."""
+    roles: dict[str, list[int]] = {}
+    for pid, kib in sampler.each_kib.items():
+        roles.setdefault(sampler.roles.get(pid, "gone"), []).append(round(kib / 1024))
+    return {role: sorted(peaks, reverse=True) for role, peaks in sorted(roles.items())}
+
+
 def _tree_pids(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -92,6 +123,7 @@ class _Sampler(threading.Thread):
         self.pid = pid
         self.peak_kib = 0
         self.each_kib: dict[int, int] = {}
+        self.roles: dict[int, str] = {}
         self.batch_kib: list[int] = []  # the batch process's RSS at every sample
         self.stop = threading.Event()
 
@@ -101,6 +133,8 @@ class _Sampler(threading.Thread):
             self.peak_kib = max(self.peak_kib, sum(sizes.values()))
             for pid, kib in sizes.items():
                 self.each_kib[pid] = max(self.each_kib.get(pid, 0), kib)
+                if pid not in self.roles or self.roles[pid] == "ray task worker":
+                    self.roles[pid] = _role(pid, self.pid)
             if sizes.get(self.pid):
                 self.batch_kib.append(sizes[self.pid])
             self.stop.wait(0.1)
@@ -127,12 +161,13 @@ def _run(command: list[str], cores: str | None) -> dict[str, Any]:
         "wall_s": time.perf_counter() - began,
         "peak_tree_mib": sampler.peak_kib / 1024,
         "process_peaks_mib": [round(k / 1024) for k in peaks],  # batch first, then loaders
+        "peaks_by_role_mib": _by_role(sampler),
         "batch_quarters_mib": sampler.batch_quarters_mib(),
         "stdout": stdout.strip(),
     }
 
 
-def bench(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def bench(n: int, args: argparse.Namespace, engine: str = "local") -> dict[str, Any]:
     root = _tree(args.data, n, args.spec)
     work = Path(tempfile.mkdtemp(prefix=f"bench-batch-{n}-"))
     url = f"sqlite:///{work / 'store.sqlite3'}"
@@ -143,7 +178,11 @@ def bench(n: int, args: argparse.Namespace) -> dict[str, Any]:
         capture_output=True,
     )
     command = [sys.executable, "-m", "app.cli", "batch", str(root), "--db", url]
-    command += ["--work", str(work / "work"), "--workers", str(args.workers)]
+    if engine == "local":
+        command += ["--work", str(work / "work"), "--workers", str(args.workers)]
+    else:
+        command += ["--work", str(work / "work"), "--engine", "ray"]
+        command += ["--workers", engine.removeprefix("ray:")]
     first = _run([*command, "--report", str(work / "first")], args.cores)
     report = json.loads((work / "first.json").read_text())["summary"]
     again = _run([*command, "--report", str(work / "again")], args.cores)
@@ -154,6 +193,7 @@ def bench(n: int, args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("the model changed between the two runs; run the benchmark again")
     return {
         "model": f"{report['model']['name']} {report['model']['version']}",
+        "engine": engine,
         "studies": n,
         "spec": args.spec,
         "files": report["files"]["total"],
@@ -176,6 +216,12 @@ def main() -> None:
     parser.add_argument("--studies", default="200,1000", help="tree sizes, comma-separated")
     parser.add_argument("--spec", choices=("full", "small"), default="full")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--engines",
+        default="local",
+        help="engines to compare on each tree: local, ray:K (K measuring workers); "
+        "comma-separated (default local)",
+    )
     parser.add_argument("--cores", default=None, help="taskset CPU list, e.g. 0,1")
     parser.add_argument("--data", type=Path, default=REPOSITORY / "benchmarks" / "data" / "batch")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -185,23 +231,28 @@ def main() -> None:
     print(f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}")
     print(f"- machine: {machine()}")
     print(f"- load average at start: {load()}")
-    rows = [bench(int(n), args) for n in args.studies.split(",")]
+    engines = args.engines.split(",")
+    rows = [bench(int(n), args, engine) for n in args.studies.split(",") for engine in engines]
     print(f"- load average at end: {load()}")
     print(f"- model: {', '.join(sorted({r['model'] for r in rows}))}, workers {args.workers}\n")
     print(
-        "| studies | files | stored | batch time | studies/hour (batch) | wall time "
+        "| studies | engine | files | stored | batch time | studies/hour (batch) | wall time "
         "(start-up incl.) | peak RSS, batch + loaders | peak per process | re-run wall "
         "(batch part) | re-run stored / already / headers read | batch RSS by quarter of the run |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         first, rerun = r["first"], r["rerun"]
-        each = " + ".join(f"{m}" for m in first["process_peaks_mib"]) + " MiB"
+        each = "; ".join(
+            f"{role} {' + '.join(str(m) for m in peaks)}"
+            for role, peaks in first["peaks_by_role_mib"].items()
+        )
+        engine = r["engine"] if r["engine"] == "local" else f"ray, {r['engine'][4:]} worker(s)"
         print(
-            f"| {r['studies']} ({r['spec']}) | {r['files']} | {r['stored']} (failed "
+            f"| {r['studies']} ({r['spec']}) | {engine} | {r['files']} | {r['stored']} (failed "
             f"{r['failed']}) | {r['batch_s']:.0f} s | {r['studies_per_hour']:,.0f} | "
             f"{first['wall_s']:.0f} s | {first['peak_tree_mib']:.0f} MiB | "
-            f"{each} | {rerun['wall_s']:.1f} s "
+            f"{each} MiB | {rerun['wall_s']:.1f} s "
             f"({r['rerun_batch_s']:.2f} s) | {r['rerun_stored']} / {r['rerun_already']} / "
             f"{r['rerun_headers_read']} | {' / '.join(str(q) for q in first['batch_quarters_mib'])}"
             " MiB |"
