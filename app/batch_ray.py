@@ -255,7 +255,12 @@ class RayEngine:
                     address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=True
                 )
             else:
-                ray.init(address=opts.address, log_to_driver=True)
+                try:
+                    ray.init(address=opts.address, log_to_driver=True)
+                except (ConnectionError, ValueError, RuntimeError) as exc:
+                    raise ConfigurationError(
+                        f"cannot join the Ray cluster at {opts.address}: {_first_line(exc)}"
+                    ) from None
             self.started = True
         try:
             self._start_workers()
@@ -428,5 +433,9 @@ def _cause(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException):
         return unexpected(cause)
-    first = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {first[0] if first else ''}"
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

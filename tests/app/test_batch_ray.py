@@ -140,6 +140,27 @@ def test_a_local_ray_instance_stores_and_reports_what_the_local_engine_does(
     assert stored_rows(store) == rows
 
 
+def test_joining_no_cluster_is_exit_2_with_the_reason(tree: Tree, tmp_path: Path) -> None:
+    """``--address auto`` with no Ray cluster on this machine (the two-node one starts later)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "app.cli", "batch", str(tree.root), "--engine", "ray"),
+            *("--address", "auto", "--db", f"sqlite:///{tmp_path / 's.sqlite3'}"),
+            *("--work", str(tmp_path / "work")),
+        ],
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-4000:]
+    assert "cannot join the Ray cluster at auto" in _words(done.stderr)
+    assert "Traceback" not in done.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
