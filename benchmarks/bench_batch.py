@@ -133,8 +133,9 @@ class _Sampler(threading.Thread):
             self.peak_kib = max(self.peak_kib, sum(sizes.values()))
             for pid, kib in sizes.items():
                 self.each_kib[pid] = max(self.each_kib.get(pid, 0), kib)
-                if pid not in self.roles or self.roles[pid] == "ray task worker":
-                    self.roles[pid] = _role(pid, self.pid)
+                role = _role(pid, self.pid)  # Ray renames a worker when it takes its role
+                if role != "gone" and self.roles.get(pid) != "ray measuring worker":
+                    self.roles[pid] = role
             if sizes.get(self.pid):
                 self.batch_kib.append(sizes[self.pid])
             self.stop.wait(0.1)
@@ -237,7 +238,7 @@ def main() -> None:
     print(f"- model: {', '.join(sorted({r['model'] for r in rows}))}, workers {args.workers}\n")
     print(
         "| studies | engine | files | stored | batch time | studies/hour (batch) | wall time "
-        "(start-up incl.) | peak RSS, batch + loaders | peak per process | re-run wall "
+        "(start-up incl.) | peak RSS, whole process tree | peak per process | re-run wall "
         "(batch part) | re-run stored / already / headers read | batch RSS by quarter of the run |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
