@@ -26,6 +26,7 @@ only here, and only when the engine is made.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -66,10 +67,9 @@ RETRIES = 3  # a load task or a measuring worker whose process dies, before the 
 def import_ray() -> ModuleType:
     """The ``ray`` module, or ``ConfigurationError`` saying how to install it."""
     try:
-        import ray
+        return importlib.import_module("ray")
     except ImportError:
         raise ConfigurationError(RAY_MISSING) from None
-    return ray
 
 
 @dataclass(frozen=True)
