@@ -50,6 +50,20 @@ def _with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
+def _copy_of(template: str) -> tuple[Store, str]:
+    """A new PostgreSQL database copied from ``template``, opened; and its name."""
+    name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return open_store(_with_database(POSTGRES, name)), name
+
+
+def _drop(opened: Store, name: str) -> None:
+    opened.dispose()
+    with _admin(POSTGRES) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def postgres_template() -> Iterator[str]:
     name = f"radcaliper_template_{uuid.uuid4().hex[:8]}"
@@ -85,15 +99,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         yield opened
         opened.dispose()
         return
-    template = request.getfixturevalue("postgres_template")
-    name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
-    with _admin(POSTGRES) as connection:
-        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    opened = open_store(_with_database(POSTGRES, name))
+    opened, name = _copy_of(request.getfixturevalue("postgres_template"))
     yield opened
-    opened.dispose()
-    with _admin(POSTGRES) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _drop(opened, name)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -109,18 +117,15 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ca
             upgrade(url)
             made.append((open_store(url), None))
         else:
-            name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
-            with _admin(POSTGRES) as connection:
-                connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-            made.append((open_store(_with_database(POSTGRES, name)), name))
+            made.append(_copy_of(template))
         return made[-1][0]
 
     yield make
     for opened, name in made:
-        opened.dispose()
-        if name is not None:
-            with _admin(POSTGRES) as connection:
-                connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name is None:
+            opened.dispose()
+        else:
+            _drop(opened, name)
 
 
 @pytest.fixture(scope="session")
@@ -151,14 +156,9 @@ def postgres_factory(postgres_template: str) -> Iterator[Callable[[], Store]]:
     made: list[tuple[Store, str]] = []
 
     def make() -> Store:
-        name = f"radcaliper_test_{uuid.uuid4().hex[:10]}"
-        with _admin(POSTGRES) as connection:
-            connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
-        made.append((open_store(_with_database(POSTGRES, name)), name))
+        made.append(_copy_of(postgres_template))
         return made[-1][0]
 
     yield make
     for opened, name in made:
-        opened.dispose()
-        with _admin(POSTGRES) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop(opened, name)

