@@ -231,6 +231,9 @@ class RayEngine:
         self.model = model
         self.ray_options = ray_options
         self.ray = import_ray()
+        # made once: each ray.remote() is a new function that Ray exports to the cluster again
+        self.load_task = self.ray.remote(_load).options(num_returns=2, max_retries=RETRIES)
+        self.read_task = self.ray.remote(_read_headers).options(max_retries=RETRIES)
         self.level = logging.getLogger().getEffectiveLevel()
         self.started = False
         self.workers: list[Any] = []
@@ -357,7 +360,6 @@ class RayEngine:
 
     def read_headers(self, chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
         ray = self.ray
-        task = ray.remote(_read_headers).options(max_retries=RETRIES)
         window = max(2, int(2 * self.cpus))
         inflight: dict[Any, list[Path]] = {}
 
@@ -372,15 +374,14 @@ class RayEngine:
                     yield [catalog_file(path) for path in paths]
 
         for chunk in chunks:
-            inflight[task.remote(chunk, self.level)] = chunk
+            inflight[self.read_task.remote(chunk, self.level)] = chunk
             if len(inflight) >= window:
                 yield from finished()
         while inflight:
             yield from finished()
 
     def load(self, key: int, job: StudyJob) -> None:
-        task = self.ray.remote(_load).options(num_returns=2, max_retries=RETRIES)
-        outline, volumes = task.remote(job, self.level)
+        outline, volumes = self.load_task.remote(job, self.level)
         self.pending[outline] = (key, "load")
         self.volumes[key] = volumes
 
