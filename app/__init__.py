@@ -1,9 +1,17 @@
 """radcaliper's application layer: the command line, settings and (later) the review UI.
 
 The only package that wires pipeline stages together, reads settings and talks to users.
+``Settings`` is served lazily (PEP 562): ``radcaliper --help`` does not import pydantic-settings.
 """
 
-from app.settings import Settings
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ingestion._lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 __all__ = ["Settings", "main"]
 
@@ -13,3 +21,6 @@ def main() -> None:
     from app.cli import main as _main
 
     _main()
+
+
+__getattr__, __dir__ = _lazy_exports(__name__, {"app.settings": ("Settings",)}, globals())

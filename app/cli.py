@@ -22,7 +22,6 @@ from app.cli_model import calibrate, evaluate, export_model, measure, serve, tra
 from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
 from app.logs import configure_logging
-from app.settings import Settings
 
 __all__ = ["app", "main"]
 
@@ -68,6 +67,8 @@ def _main(
     ] = False,
 ) -> None:
     """radcaliper: calibrated lesion and vessel measurements on CT/MR, with an audit trail."""
+    from app.settings import Settings
+
     try:
         settings = Settings()
     except Exception as exc:  # pydantic ValidationError: a bad RADCALIPER_* variable

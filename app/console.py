@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import getpass
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from app.settings import Settings
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 __all__ = [
     "EXIT_NOTHING",
@@ -83,6 +84,8 @@ EXIT_NOTHING = 2
 
 def settings_of(ctx: typer.Context) -> Settings:
     """The Settings the main callback put in the context (the root context's object)."""
+    from app.settings import Settings
+
     settings = ctx.find_root().obj
     if not isinstance(settings, Settings):  # pragma: no cover - set by the callback
         raise RuntimeError("settings not initialised")

@@ -160,10 +160,10 @@ def session_scope(session: Session) -> Iterator[Session]:
 
 
 def _current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
+    from db.migrate import stored_revision
 
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        return stored_revision(connection)
 
 
 def open_store(url: str, *, create_if_empty: bool = False) -> Store:
@@ -178,7 +178,7 @@ def open_store(url: str, *, create_if_empty: bool = False) -> Store:
         StorageError: the database cannot be reached (the message says which and why).
         SchemaVersionError: no radcaliper schema, or another version of it.
     """
-    from db.migrate import head_revision, upgrade
+    from db.migrate import SCHEMA_HEAD, upgrade
 
     engine = connect(url)
     try:
@@ -201,7 +201,7 @@ def open_store(url: str, *, create_if_empty: bool = False) -> Store:
     except SQLAlchemyError as error:
         engine.dispose()
         raise StorageError(f"database {redacted(url)}: {error}") from error
-    head = head_revision()
+    head = SCHEMA_HEAD
     if current != head:
         engine.dispose()
         found = "no radcaliper schema" if current is None else f"schema version {current}"

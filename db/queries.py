@@ -18,9 +18,8 @@ from typing import Any
 from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session, aliased
 
-from db.audit import canonical_time
+from db.coverage import canonical_time
 from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Series, Study, User
-from db.store import pseudonym
 
 __all__ = [
     "LogFilter",
@@ -88,6 +87,8 @@ def measurement_query(filters: MeasurementFilter, pseudonym_key: str | None = No
         .outerjoin(reviewer, Measurement.reviewer_id == reviewer.id)
     )
     if filters.patient_id is not None:
+        from db.store import pseudonym  # db.store imports the audit log's writer (numpy)
+
         query = query.where(Study.patient_id == pseudonym(filters.patient_id, pseudonym_key))
     if filters.study_instance_uid is not None:
         query = query.where(Study.study_instance_uid == filters.study_instance_uid)
@@ -217,6 +218,8 @@ def worklist_rows(
         .limit(filters.limit)
     )
     if filters.patient_id:
+        from db.store import pseudonym  # db.store imports the audit log's writer (numpy)
+
         query = query.where(Study.patient_id == pseudonym(filters.patient_id, pseudonym_key))
     rows = []
     for study, patient, date, name, version, at, findings, total, pending in session.execute(query):

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -33,8 +33,10 @@ from db.models import (
     Series,
     Study,
 )
-from ingestion.volume import Volume
-from model.measurer.results import StudyResult
+
+if TYPE_CHECKING:
+    from ingestion.volume import Volume
+    from model.measurer.results import StudyResult
 
 __all__ = [
     "RunIdentity",

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import inspect
 
 from db.engine import connect, open_store
-from db.migrate import current, downgrade, head_revision, upgrade
+from db.migrate import SCHEMA_HEAD, current, downgrade, head_revision, stored_revision, upgrade
 from ingestion.errors import SchemaVersionError, StorageError
 
 TABLES = {
@@ -41,6 +41,34 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     engine.dispose()
     upgrade(empty_url)  # types and triggers were dropped too: a second upgrade works
     assert current(empty_url) == head_revision()
+
+
+def test_the_schema_check_agrees_with_alembic() -> None:
+    """open_store checks against SCHEMA_HEAD (no Alembic import): the scripts' head."""
+    assert head_revision() == SCHEMA_HEAD
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_the_stored_revision_is_alembics(empty_url: str) -> None:
+    """stored_revision reads what Alembic's MigrationContext reads, at every revision."""
+
+    def stored() -> str | None:
+        engine = connect(empty_url)
+        try:
+            with engine.connect() as connection:
+                return stored_revision(connection)
+        finally:
+            engine.dispose()
+
+    assert stored() is None and current(empty_url) is None  # no version table
+    upgrade(empty_url, "0002")
+    assert stored() == current(empty_url) == "0002"
+    with pytest.raises(SchemaVersionError, match=f"schema version 0002; .* needs {SCHEMA_HEAD}"):
+        open_store(empty_url)
+    upgrade(empty_url)
+    assert stored() == current(empty_url) == SCHEMA_HEAD
+    downgrade(empty_url, "base")
+    assert stored() is None and current(empty_url) is None  # an empty version table
 
 
 def test_the_default_sqlite_file_is_created_on_first_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
