@@ -42,11 +42,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.batch_measure import StudyStored, database_reason, measure_and_store_study, unexpected
+from app.batch_measure import (
+    DeferredMeasurer,
+    StudyStored,
+    database_reason,
+    measure_and_store_study,
+    unexpected,
+)
 from app.batch_report import write_report
 from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch_worker import LoadOutline, StudyJob, StudyLoad, load_study, start_worker
 from app.measuring import run_identity
+from app.threads import torch_threads
+from app.threads import usable_cpus as usable_cpus  # re-exported (app.batch_ray)
 from db.engine import Store
 from db.review import CorrectionLimits
 from ingestion.catalog import FileRecord, FileStatus
@@ -75,14 +83,6 @@ INDEX_NAME = "index.sqlite3"
 STATE_NAME = "state.sqlite3"
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity, e.g. under taskset), else the count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def default_workers() -> int:
     """Loader processes by default: half the CPUs (inference needs the rest), 1 to 8."""
     return max(1, min(8, usable_cpus() // 2))
@@ -95,20 +95,6 @@ def inference_threads(workers: int) -> int:
     many times over (a demo study took 20-50 s instead of 0.6 s on 2 busy cores).
     """
     return max(1, usable_cpus() - workers)
-
-
-@contextlib.contextmanager
-def _threads_beside(workers: int) -> Iterator[None]:
-    """torch's intra-op threads set to :func:`inference_threads` while the batch runs, restored
-    after (a test or the UI in the same process keeps its own)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(inference_threads(workers))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def default_work_dir(data_dir: Path, root: Path) -> Path:
@@ -332,7 +318,12 @@ class BatchEngine(Protocol):
 
 class LocalEngine:
     """Loads in ``workers`` processes of this machine (0: in this process) while this process
-    measures and stores, a bounded number of studies ahead."""
+    measures and stores, a bounded number of studies ahead.
+
+    The first study to measure loads a :class:`~app.batch_measure.DeferredMeasurer`'s model
+    (a ``ModelError`` then stops the batch: no study could be measured) and gives torch the
+    CPUs the loaders leave (:func:`inference_threads`) until :meth:`close`. A batch whose
+    studies are all stored imports neither torch nor the model."""
 
     def __init__(self, options: BatchOptions, store: Store, measurer: Any) -> None:
         self.options = options
@@ -342,6 +333,7 @@ class LocalEngine:
         self.pending: dict[Future[StudyLoad], int] = {}
         self.loads: dict[int, StudyLoad] = {}
         self.ready: collections.deque[Loaded | MeasuredStudy] = collections.deque()
+        self.threads: contextlib.ExitStack | None = None  # torch's threads, set while measuring
 
     @property
     def capacity(self) -> int:
@@ -369,9 +361,10 @@ class LocalEngine:
         self.pending[self.pool.submit(load_study, job)] = key
 
     def measure(self, key: int, series: tuple[int, ...]) -> None:
+        measurer = self._measurer()
         load = self.loads.pop(key)
         stored = measure_and_store_study(
-            self.measurer,
+            measurer,
             self.store,
             [load.loaded[i] for i in series],
             actor=self.options.actor,
@@ -404,6 +397,20 @@ class LocalEngine:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+        if self.threads is not None:
+            self.threads.close()
+            self.threads = None
+
+    def _measurer(self) -> Any:
+        """The model, loaded the first time a study is measured, with torch's threads set."""
+        measurer = self.measurer
+        if isinstance(measurer, DeferredMeasurer):
+            measurer = measurer.load()
+        if self.threads is None:
+            threads = contextlib.ExitStack()
+            threads.enter_context(torch_threads(inference_threads(self.options.workers)))
+            self.threads = threads
+        return measurer
 
     def _loaded(self, key: int, load: StudyLoad) -> None:
         self.loads[key] = load
@@ -690,10 +697,12 @@ def run_batch(
     ``engine`` runs the reads, loads and measuring: by default a :class:`LocalEngine` on this
     machine (inference gets the CPUs its loaders leave); ``app.batch_ray.RayEngine`` on a Ray
     cluster. ``measurer`` names the model (``info``, ``checkpoint_hash``) and, with the local
-    engine, measures.
+    engine, measures: a :class:`~app.batch_measure.DeferredMeasurer` loads its model only when
+    a study needs measuring.
 
     Raises:
         ConfigurationError: another batch holds the work folder.
+        ModelError: the deferred measurer's model could not be loaded (the batch stops).
     """
     began = time.perf_counter()
     listener = listener or _Quiet()
@@ -714,7 +723,6 @@ def run_batch(
         WorkIndex(options.work_dir / INDEX_NAME) as index,
         BatchState(options.work_dir / STATE_NAME) as state,
     ):
-        local = engine is None
         engine = engine or LocalEngine(options, store, measurer)
         try:
             summary.scan = index.scan(
@@ -733,8 +741,7 @@ def run_batch(
         summary.studies = index.study_count()
         listener.planned(summary.studies)
         runner = _Runner(options, store, measurer, engine, index, state, summary, listener)
-        with _threads_beside(options.workers) if local else contextlib.nullcontext():
-            runner.run()
+        runner.run()
         summary.seconds = time.perf_counter() - began
         if options.report is not None:
             summary.report = write_report(options.report, summary, index, state)

@@ -4,15 +4,20 @@ process (the local engine) or in a measuring worker on a cluster (``app.batch_ra
 It never raises for a series the model refuses or a bug on one input (the series becomes a
 failure with its reason), and reports a database that fails as :attr:`StudyStored.database_error`
 (the batch then stops: every further study would fail the same way).
+
+A :class:`DeferredMeasurer` is the model as the batch sees it before anything needs measuring:
+its name, version and checkpoint hash (enough to skip what is stored), its weights loaded only
+when the first study needs them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from app.batch_worker import LoadedSeries
@@ -20,9 +25,10 @@ from app.measuring import store_study
 from db.engine import Store
 from ingestion.errors import ModelError, PreparationError, StorageError
 from ingestion.volume import Volume
-from model.measurer.results import StudyResult
+from model.measurer.results import ModelInfo, StudyResult
 
 __all__ = [
+    "DeferredMeasurer",
     "SeriesStored",
     "StudyStored",
     "database_reason",
@@ -51,6 +57,59 @@ class StudyStored:
     stored: tuple[SeriesStored, ...]
     failures: tuple[tuple[str, str], ...]  # (series uid, why it was not measured)
     database_error: str = ""  # the store failed: nothing of this study was stored
+
+
+class DeferredMeasurer:
+    """A measurer checkpoint whose model is loaded when it first measures.
+
+    :attr:`info` and :attr:`checkpoint_hash` are read from the directory at once, without
+    importing torch or transformers: what a batch needs to skip the studies stored before.
+    :meth:`load` loads the model (once); ``ModelError`` when it cannot.
+    """
+
+    def __init__(self, info: ModelInfo, checkpoint_hash: str, load: Callable[[], Any]) -> None:
+        self.info = info
+        self.checkpoint_hash = checkpoint_hash
+        self._load = load
+        self._measurer: Any = None
+
+    @classmethod
+    def of(cls, directory: Path) -> DeferredMeasurer:
+        """The checkpoint at ``directory``: its ``radcaliper.json`` read and its files hashed
+        now (``ModelError`` when it is not a measurer checkpoint), its weights at :meth:`load`
+        (``model.measurer.pipeline.CheckpointMeasurer.load``)."""
+        from model.measurer.checkpoint import checkpoint_hash, read_settings
+
+        settings = read_settings(directory)
+        info = ModelInfo(
+            settings.name,
+            settings.version,
+            settings.numeric_mode.value,
+            settings.not_for_clinical_use,
+        )
+
+        def load() -> Any:
+            from model.measurer.pipeline import CheckpointMeasurer
+
+            return CheckpointMeasurer.load(directory)
+
+        return cls(info, checkpoint_hash(directory), load)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model has been loaded."""
+        return self._measurer is not None
+
+    def load(self) -> Any:
+        """The measurer, loaded on the first call (``ModelError`` when it cannot be)."""
+        if self._measurer is None:
+            self._measurer = self._load()
+        return self._measurer
+
+    def measure(self, volume: Volume, *, source: str) -> StudyResult:
+        """Measure ``volume`` with the model (loaded first if need be)."""
+        result: StudyResult = self.load().measure(volume, source=source)
+        return result
 
 
 def unexpected(exc: BaseException) -> str:

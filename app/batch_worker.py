@@ -3,7 +3,8 @@ pool while the main process measures the study before. Imports neither torch nor
 
 A worker gets a :class:`StudyJob` (the study's candidate series, best first, as file lists) and
 returns a :class:`StudyLoad`: the volume(s) with their input fingerprints, and a note for each
-series or part that could not be used. It never raises for bad input.
+series or part that could not be used. It never raises for bad input. The readers (pydicom) are
+imported by the first load, not by this module: a batch with nothing to load imports none.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from db.store import input_fingerprint
 from ingestion.errors import IngestionError
-from ingestion.load import load_series
-from ingestion.scan import scan_files
 from ingestion.selection import Note, NoteKind
-from ingestion.volume import Volume
+
+if TYPE_CHECKING:
+    from ingestion.volume import Volume
 
 __all__ = [
     "LoadOutline",
@@ -83,6 +84,10 @@ class StudyLoad:
 
 
 def _load_series(uid: str, paths: tuple[Path, ...], notes: list[Note]) -> LoadedSeries | None:
+    from db.store import input_fingerprint
+    from ingestion.load import load_series
+    from ingestion.scan import scan_files
+
     scanned = scan_files(paths)
     for rejected in scanned.rejected:
         notes.append(Note(NoteKind.REJECTED, rejected.path, uid, rejected.reason))

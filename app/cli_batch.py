@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from app.cli_model import load_measurer
+from app.cli_model import deferred_measurer
 from app.cli_store import DbOption, open_database
 from app.console import EXIT_NOTHING, cli_actor, err, out, settings_of
 from app.progress import progress_display
@@ -207,7 +207,7 @@ def batch(
     """
     from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
     from app.files import owner_only_dir
-    from ingestion.errors import ConfigurationError
+    from ingestion.errors import ConfigurationError, ModelError
     from ingestion.selection import SelectionRules
 
     settings = settings_of(ctx)
@@ -251,13 +251,13 @@ def batch(
     try:
         if engine is Engine.RAY:
             summary = _run_on_ray(options, store, model_dir, address, workers, gpus_per_worker)
-        else:
-            measurer = load_measurer(model_dir)
+        else:  # the model is loaded when the first study needs measuring
+            measurer = deferred_measurer(model_dir)
             with progress_display() as display:
                 summary = run_batch(
                     options, store=store, measurer=measurer, listener=_Listener(display)
                 )
-    except ConfigurationError as exc:
+    except (ConfigurationError, ModelError) as exc:  # ModelError: the model did not load
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
     finally:

@@ -37,6 +37,7 @@ __all__ = [
     "RESULTS_BEGIN",
     "RESULTS_END",
     "calibrate",
+    "deferred_measurer",
     "evaluate",
     "load_measurer",
     "measure",
@@ -48,12 +49,9 @@ logger = logging.getLogger(__name__)
 _settings = settings_of
 
 
-def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
-    """The checkpoint at ``model_dir`` (the demo model without one), or exit 2 saying why;
-    ``calibrated=False`` leaves its ``calibrate`` stage out (raw values, nothing refused)."""
-    from ingestion.errors import ModelError
+def _checkpoint_dir(model_dir: Path | None) -> Path:
+    """``model_dir``, else the demo model's directory; exit 2 when the demo model is missing."""
     from model.measurer.checkpoint import default_checkpoint
-    from model.measurer.pipeline import CheckpointMeasurer
 
     directory = model_dir or default_checkpoint()
     if model_dir is None and not directory.is_dir():
@@ -62,14 +60,43 @@ def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
             "radcaliper or pass --model DIR"
         )
         raise typer.Exit(EXIT_NOTHING)
+    return directory
+
+
+def _model_error(error: Exception) -> typer.Exit:
+    """Print a ``ModelError`` as the one line a command exits 2 with; the exit to raise."""
+    err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+    return typer.Exit(EXIT_NOTHING)
+
+
+def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
+    """The checkpoint at ``model_dir`` (the demo model without one), or exit 2 saying why;
+    ``calibrated=False`` leaves its ``calibrate`` stage out (raw values, nothing refused)."""
+    from ingestion.errors import ModelError
+    from model.measurer.pipeline import CheckpointMeasurer
+
+    directory = _checkpoint_dir(model_dir)
     try:
         measurer = CheckpointMeasurer.load(directory)
     except ModelError as error:
-        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
-        raise typer.Exit(EXIT_NOTHING) from None
+        raise _model_error(error) from None
     if not calibrated:
         measurer.stages = tuple(s for s in measurer.stages if s.name != "calibrate")
     return measurer
+
+
+def deferred_measurer(model_dir: Path | None) -> Any:
+    """The checkpoint at ``model_dir`` (the demo model without one) as an
+    ``app.batch_measure.DeferredMeasurer``: its settings read and its files hashed now (exit 2
+    saying why when it is not a checkpoint), its weights loaded when it first measures."""
+    from app.batch_measure import DeferredMeasurer
+    from ingestion.errors import ModelError
+
+    directory = _checkpoint_dir(model_dir)
+    try:
+        return DeferredMeasurer.of(directory)
+    except ModelError as error:
+        raise _model_error(error) from None
 
 
 def measure(
@@ -95,6 +122,7 @@ def measure(
     """
     from app.cli_store import checked
     from app.measuring import measure_and_store
+    from app.threads import measuring_threads, torch_threads
     from ingestion import Modality
     from ingestion.errors import ModelError
     from ingestion.load import load_path
@@ -111,36 +139,38 @@ def measure(
         raise typer.Exit(EXIT_NOTHING)
     store = None if no_store else open_database(ctx, db, create=True)
     measurer = load_measurer(model_dir)
+    import torch  # loaded with the model
+
     results = []
-    try:
-        for volume in loaded.volumes:
-            try:
-                measured = checked(
-                    functools.partial(
-                        measure_and_store,
-                        measurer,
-                        volume,
-                        source=str(path.resolve()),
-                        store=store,
-                        actor=cli_actor(),
-                        pseudonym_key=settings.pseudonym_key,
+    try:  # torch on the CPUs other work leaves free (app.threads)
+        with torch_threads(measuring_threads(torch.get_num_threads())):
+            for volume in loaded.volumes:
+                run = functools.partial(
+                    measure_and_store,
+                    measurer,
+                    volume,
+                    source=str(path.resolve()),
+                    store=store,
+                    actor=cli_actor(),
+                    pseudonym_key=settings.pseudonym_key,
+                )
+                try:  # checked: the store's errors (SQLAlchemy is imported only with a store)
+                    measured = run() if store is None else checked(run)
+                except ModelError as exc:
+                    err.print(
+                        f"[red]not measured:[/red] series "
+                        f"{safe(volume.identifiers.series_instance_uid)}: {safe(exc)}",
+                        highlight=False,
                     )
-                )
-            except ModelError as exc:
-                err.print(
-                    f"[red]not measured:[/red] series "
-                    f"{safe(volume.identifiers.series_instance_uid)}: {safe(exc)}",
-                    highlight=False,
-                )
-                continue
-            results.append(measured.result)
-            if measured.stored is not None:
-                verb = "stored as" if measured.stored.created else "already stored as"
-                err.print(
-                    f"series {safe(measured.result.series_instance_uid)}: {verb} run "
-                    f"{measured.stored.run_id}",
-                    highlight=False,
-                )
+                    continue
+                results.append(measured.result)
+                if measured.stored is not None:
+                    verb = "stored as" if measured.stored.created else "already stored as"
+                    err.print(
+                        f"series {safe(measured.result.series_instance_uid)}: {verb} run "
+                        f"{measured.stored.run_id}",
+                        highlight=False,
+                    )
     finally:
         if store is not None:
             store.dispose()

@@ -1,18 +1,22 @@
 """Measuring one series and storing the result: what ``radcaliper measure``, ``radcaliper
 batch`` and the UI's upload share (one transaction per series, or per study for batch; storing
-is idempotent)."""
+is idempotent).
+
+The store's modules (SQLAlchemy) are imported by the functions that store: ``radcaliper measure
+--no-store`` does not import them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from db.engine import Store
-from db.store import RunIdentity, StoreOutcome, input_fingerprint, store_result
-from ingestion.volume import Volume
-from model.measurer.results import StudyResult
+if TYPE_CHECKING:
+    from db.engine import Store
+    from db.store import RunIdentity, StoreOutcome
+    from ingestion.volume import Volume
+    from model.measurer.results import StudyResult
 
 __all__ = [
     "RUN_SETTINGS",
@@ -35,6 +39,8 @@ class Measured:
 
 def run_identity(measurer: Any, fingerprint: str) -> RunIdentity:
     """The identity of ``measurer``'s run on an input with this fingerprint."""
+    from db.store import RunIdentity
+
     return RunIdentity(
         checkpoint_hash=measurer.checkpoint_hash,
         input_fingerprint=fingerprint,
@@ -53,6 +59,8 @@ def store_study(
 ) -> list[StoreOutcome]:
     """Store the results of one study's series, ``(result, volume, input fingerprint)`` each,
     in one transaction: all of them or (on an error) none. Idempotent per series."""
+    from db.store import store_result
+
     with store.writer() as session:
         outcomes = [
             store_result(
@@ -81,6 +89,8 @@ def store_measured(
     pseudonym_key: str | None,
 ) -> StoreOutcome:
     """Store a result the measurer made from ``volume`` (idempotent)."""
+    from db.store import input_fingerprint
+
     measured = [(result, volume, input_fingerprint(volume))]
     (outcome,) = store_study(
         store,

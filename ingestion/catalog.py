@@ -20,11 +20,10 @@ import enum
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydicom.dataset import Dataset
 
-from ingestion.dicom_header import dicom_object_from_dataset, read_dicom_header
 from ingestion.errors import (
     IngestionError,
     NotDicomError,
@@ -32,6 +31,9 @@ from ingestion.errors import (
     UnsupportedObjectError,
 )
 from ingestion.scan import is_nifti_path, is_nrrd_path, is_segmentation_path, segmentation_reason
+
+if TYPE_CHECKING:  # pydicom is imported when a header is read (a batch with nothing new reads none)
+    from pydicom.dataset import Dataset
 
 __all__ = ["NON_DICOM_SUFFIXES", "FileRecord", "FileStatus", "ImageAttributes", "catalog_file"]
 
@@ -146,6 +148,8 @@ class FileRecord:
 
 
 def _attributes(path: Path, ds: Dataset) -> ImageAttributes:
+    from ingestion.dicom_header import dicom_object_from_dataset
+
     obj = dicom_object_from_dataset(path, ds)
     info, first = obj.info, obj.slices[0]
     normal = np.asarray(first.normal, dtype=np.float64)
@@ -175,6 +179,8 @@ def _attributes(path: Path, ds: Dataset) -> ImageAttributes:
 
 def catalog_file(path: Path) -> FileRecord:
     """Read ``path``'s header (never its pixels) and classify it; never raises for a bad file."""
+    from ingestion.dicom_header import read_dicom_header
+
     try:
         stat = path.stat()
     except OSError as exc:

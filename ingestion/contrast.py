@@ -27,12 +27,13 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from pydicom.dataset import Dataset
-
-from ingestion._header_values import raw_text
 from ingestion.errors import IngestionError
 from ingestion.volume import SourceFormat, Volume
+
+if TYPE_CHECKING:  # pydicom is imported by the functions that read a header
+    from pydicom.dataset import Dataset
 
 __all__ = ["NEGATIONS", "Contrast", "contrast_of", "contrast_of_dataset"]
 
@@ -85,6 +86,8 @@ def _normal(text: str) -> str:
 
 
 def _positive_number(item: Dataset, keyword: str) -> bool:
+    from ingestion._header_values import raw_text
+
     try:
         return float(raw_text(item, keyword).split("\\")[0]) > 0
     except ValueError:
@@ -99,6 +102,8 @@ def _usage_items(ds: Dataset) -> Iterator[Dataset]:
 
 def contrast_of_dataset(ds: Dataset) -> Contrast:
     """What one DICOM header records about a contrast agent (module doc)."""
+    from ingestion._header_values import raw_text
+
     agent = _normal(raw_text(ds, "ContrastBolusAgent"))
     route = _normal(raw_text(ds, "ContrastBolusRoute"))
     positive = [

@@ -42,10 +42,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ingestion.errors import ModelError
 from model.measurer.calibration import Calibration, DecodeCheck, DetectionThreshold
-from model.measurer.data import MeasureInputs
 from model.measurer.domain import Domain
-from model.measurer.find import FindInputs
-from model.measurer.voting import FindVoting
+from model.measurer.inputs import FindInputs, FindVoting, MeasureInputs
 
 if TYPE_CHECKING:
     import torch
@@ -69,6 +67,7 @@ __all__ = [
     "export_checkpoint",
     "files_sha256",
     "load_checkpoint",
+    "read_settings",
     "save_checkpoint",
     "save_delta_checkpoint",
     "update_card",
@@ -424,6 +423,21 @@ def write_settings(directory: str | Path, settings: MeasurerSettings) -> None:
     update_card(directory, settings)
 
 
+def read_settings(directory: str | Path) -> MeasurerSettings:
+    """A checkpoint directory's ``radcaliper.json`` (``ModelError`` when it is missing or not
+    valid), without loading any weight: imports neither torch nor transformers."""
+    path = Path(directory)
+    settings_file = path / SETTINGS_NAME
+    if not settings_file.is_file():
+        raise ModelError(
+            f"{path} is not a radcaliper measurer checkpoint: {SETTINGS_NAME} is missing"
+        )
+    try:
+        return MeasurerSettings.from_json(json.loads(settings_file.read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelError(f"{settings_file} is not valid: {error}") from error
+
+
 def load_checkpoint(
     directory: str | Path, *, base_model: str | Path | None = None
 ) -> LoadedMeasurer:
@@ -436,15 +450,7 @@ def load_checkpoint(
     from model.measurer.tokenizer import load_tokenizer
 
     path = Path(directory)
-    settings_file = path / SETTINGS_NAME
-    if not settings_file.is_file():
-        raise ModelError(
-            f"{path} is not a radcaliper measurer checkpoint: {SETTINGS_NAME} is missing"
-        )
-    try:
-        settings = MeasurerSettings.from_json(json.loads(settings_file.read_text()))
-    except (ValueError, KeyError, TypeError) as error:
-        raise ModelError(f"{settings_file} is not valid: {error}") from error
+    settings = read_settings(path)
     if settings.base_model is not None:
         model = _apply_delta(path, settings.base_model, base_model)
     else:

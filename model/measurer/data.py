@@ -41,11 +41,11 @@ from model.measurer.images import (
     Crop,
     contrast_channels,
     crop_around,
-    hu_window,
     image_token_count,
     patchify_frames,
     two_window_channels,
 )
+from model.measurer.inputs import MeasureInputs
 from model.measurer.results import FindingKind
 from model.measurer.tasks import measure_answer, measure_prompt, point_answer, point_prompt
 from model.measurer.tokenizer import chat_prompt, special_ids
@@ -80,63 +80,6 @@ __all__ = [
 
 IGNORE = -100  # label of positions without a loss
 Vector = tuple[float, float, float]
-
-
-@dataclass(frozen=True)
-class MeasureInputs:
-    """How a measure crop is made (stored with a checkpoint: inference must match training).
-
-    Args:
-        pixel_mm: mm per crop pixel, so that the numbers the model says are mm.
-        size: crop side in pixels (multiple of 28); ``size * pixel_mm`` must hold the largest
-            finding (60 mm lesions, 45 mm vessels in the phantom spec).
-        window: (level, width) HU window of the crop's (first) intensity channel.
-        second_window: None, or a second (level, width) HU window, given to the model as the
-            third channel: ``(w, 1 - w, w2)`` (``images.two_window_channels``, the find
-            image's encoding). One window cannot show every tissue: a solid lung nodule's
-            partial-volume rim (-600..-100 HU) is black in a soft-tissue window, while a lung
-            window flattens a hypodense liver lesion. Needs ``contrast``.
-        frames: axial planes in the crop (1: the finding's slice only), ``slice_mm`` apart.
-        slice_mm: distance between frames; None: the volume's own slice spacing.
-        contrast: encode the window as ``(w, 1 - w, 0.5)`` (``images.contrast_channels``; for a
-            vision tower trained from scratch) instead of grey.
-        jitter_mm: training only: standard deviation of the random shift of the crop centre in
-            each axial direction (the find step's centres are not exact).
-        jitter_z_mm: training only: standard deviation of the shift along z (the find step's
-            slice of a lesion's centre is not exact either).
-    """
-
-    pixel_mm: float = 0.75
-    size: int = 112
-    window: tuple[float, float] = (40.0, 400.0)
-    frames: int = 1
-    slice_mm: float | None = None
-    contrast: bool = True
-    jitter_mm: float = 4.0
-    jitter_z_mm: float = 0.0
-    second_window: tuple[float, float] | None = None
-
-    def __post_init__(self) -> None:
-        windows = [("window", self.window)]
-        if self.second_window is not None:
-            windows.append(("second_window", self.second_window))
-            if not self.contrast:
-                raise ValueError(
-                    "second_window needs contrast (the channels are (w, 1 - w, w2)); "
-                    "set contrast to true or drop second_window"
-                )
-        for name, value in windows:
-            object.__setattr__(self, name, hu_window(name, value))
-        if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
-            raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
-        if self.size % 28 or self.size < 28:
-            raise ValueError(f"size must be a positive multiple of 28, got {self.size}")
-        if self.frames < 1:
-            raise ValueError(f"frames must be >= 1, got {self.frames}")
-        for name in ("jitter_mm", "jitter_z_mm"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)

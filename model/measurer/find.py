@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from model.measurer.images import hu_window, two_window_channels
+from model.measurer.images import two_window_channels
+from model.measurer.inputs import FindInputs
 from model.measurer.results import FindingKind
 from model.measurer.tasks import FoundFinding, find_answer, find_kinds, find_prompt
 from model.measurer.tiles import FIELD_EDGE_MM, field_side
@@ -50,7 +51,7 @@ from model.measurer.voting import shift_planes
 
 if TYPE_CHECKING:
     from ingestion.dataset.format import TrueFinding
-    from ingestion.prepare import PrepareConfig, PreparedVolume
+    from ingestion.prepare import PreparedVolume
     from ingestion.volume import Volume
 
 __all__ = [
@@ -70,63 +71,6 @@ __all__ = [
 VISIBLE_FRACTION = 0.6
 """A lesion is labelled on a plane whose cross-section is at least this fraction of its
 central one (linear size)."""
-
-
-@dataclass(frozen=True)
-class FindInputs:
-    """How find images are made (stored with a checkpoint: inference must match training).
-
-    Args:
-        pixel_mm: mm per image pixel.
-        size: image side in pixels (a multiple of 28); ``size * pixel_mm`` should cover the field
-            of view (the phantom spec's largest is 288 mm).
-        soft_window: (level, width) HU of frame 0's first two channels.
-        wide_window: (level, width) HU of frame 0's third channel.
-        coordinates: add the coordinate frame (for vision towers trained from scratch); without
-            it frame 1 repeats frame 0 (a still image, as the processor makes it).
-        context_mm: > 0: the planes nearest this far below and above are frames 2 and 3 (3-D
-            context, module doc); 0: a one-plane image.
-    """
-
-    pixel_mm: float = 1.75
-    size: int = 168
-    soft_window: tuple[float, float] = (40.0, 160.0)
-    wide_window: tuple[float, float] = (100.0, 600.0)
-    coordinates: bool = True
-    context_mm: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.pixel_mm) and self.pixel_mm > 0):
-            raise ValueError(f"pixel_mm must be > 0, got {self.pixel_mm}")
-        if not (math.isfinite(self.context_mm) and self.context_mm >= 0):
-            raise ValueError(f"context_mm must be finite mm >= 0, got {self.context_mm}")
-        if self.size % 28 or self.size < 28:
-            raise ValueError(f"size must be a positive multiple of 28, got {self.size}")
-        for name in ("soft_window", "wide_window"):
-            object.__setattr__(self, name, hu_window(name, getattr(self, name)))
-
-    @property
-    def windows(self) -> int:
-        """Window channels of one plane as the find step carries it: 2 (soft, wide), or 6
-        with its context planes."""
-        return 6 if self.context_mm > 0 else 2
-
-    def context_planes(self, spacing_mm: float) -> int:
-        """How many prepared planes ``spacing_mm`` apart the context planes lie from the plane
-        (the nearest to ``context_mm``, at least 1; 0 without context)."""
-        if self.context_mm <= 0:
-            return 0
-        return max(1, round(self.context_mm / spacing_mm))
-
-    def prepare_config(self) -> PrepareConfig:
-        """The ``ingestion.prepare`` configuration of these inputs (native slice spacing)."""
-        from ingestion.prepare import PrepareConfig
-
-        return PrepareConfig(
-            pixel_mm=self.pixel_mm,
-            size=(self.size, self.size),
-            windows=(self.soft_window, self.wide_window),
-        )
 
 
 @dataclass(frozen=True)

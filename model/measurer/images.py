@@ -38,8 +38,6 @@ Conventions
 from __future__ import annotations
 
 import itertools
-import math
-import numbers
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ import numpy.typing as npt
 import torch
 
 from ingestion.geometry import Geometry
+from model.measurer.inputs import MERGE, PATCH, SIDE_MULTIPLE, _finite, hu_window
 
 if TYPE_CHECKING:
     # Types only: importing ingestion.prepare at run time would import MONAI (seconds).
@@ -78,14 +77,8 @@ __all__ = [
     "two_window_channels",
 ]
 
-PATCH = 14
-"""Side (pixels) of one vision patch."""
-MERGE = 2
-"""Patches merged per side into one language-model token."""
 TEMPORAL_PATCH = 2
 """Frames per patch; a still image is repeated over it."""
-SIDE_MULTIPLE = PATCH * MERGE
-"""Image heights and widths must be multiples of this (28)."""
 CHANNELS = 3
 """Channels the patch embedding expects."""
 IMAGE_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
@@ -99,14 +92,6 @@ _F64 = npt.NDArray[np.float64]
 
 
 # -- checks -------------------------------------------------------------------------------------
-def _finite(value: object) -> bool:
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
-
-
 def _positive(name: str, value: object) -> float:
     if not _finite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -147,19 +132,6 @@ def _point(name: str, value: object) -> tuple[float, float, float]:
     if arr.shape != (3,) or not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be three finite numbers (LPS mm), got {value!r}")
     return (float(arr[0]), float(arr[1]), float(arr[2]))
-
-
-def hu_window(name: str, value: object) -> tuple[float, float]:
-    """``value`` as a (level, width) HU window of floats; ``ValueError`` naming ``name`` unless
-    it is two finite numbers with width > 0 (every window setting is checked here)."""
-    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
-        raise ValueError(f"{name} must be (level, width) in HU, got {value!r}")
-    if not (_finite(value[0]) and _finite(value[1])):
-        raise ValueError(f"{name} must be two finite numbers (level, width), got {value!r}")
-    level, width = float(value[0]), float(value[1])
-    if width <= 0:
-        raise ValueError(f"{name} width must be > 0 HU, got {value!r}")
-    return (level, width)
 
 
 def _windows(value: object) -> tuple[tuple[float, float], ...]:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from model.measurer.images import SIDE_MULTIPLE
+from model.measurer.inputs import SIDE_MULTIPLE, FindVoting
 from model.measurer.tasks import FoundFinding
 
 __all__ = [
@@ -37,73 +36,6 @@ __all__ = [
 ]
 
 _Box = tuple[float, float, float, float]
-
-
-@dataclass(frozen=True)
-class FindVoting:
-    """Which shifted find passes to run and how many must agree on a box.
-
-    Args:
-        shifts: (rows, columns) pixel shifts of the plane's content, one pass each; the
-            first is usually ``(0, 0)``. Each must be smaller than a merged token
-            (``SIDE_MULTIPLE`` pixels) in absolute value.
-        votes: passes that must agree on a box for it to be kept, 1..len(shifts).
-    """
-
-    shifts: tuple[tuple[int, int], ...] = ((0, 0),)
-    votes: int = 1
-    keep_unaliased: bool = False
-
-    def __post_init__(self) -> None:
-        shifts = tuple((int(r), int(c)) for r, c in self.shifts)
-        if not shifts:
-            raise ValueError("FindVoting.shifts needs at least one (rows, columns) shift")
-        for r, c in shifts:
-            if abs(r) >= SIDE_MULTIPLE or abs(c) >= SIDE_MULTIPLE:
-                raise ValueError(
-                    f"find shift {(r, c)} must be smaller than a merged token "
-                    f"({SIDE_MULTIPLE} pixels) in each direction"
-                )
-        if len(set(shifts)) != len(shifts):
-            raise ValueError(f"find shifts must differ from each other, got {shifts}")
-        if isinstance(self.votes, bool) or not 1 <= int(self.votes) <= len(shifts):
-            raise ValueError(
-                f"FindVoting.votes must be between 1 and the number of shifts ({len(shifts)}), "
-                f"got {self.votes!r}"
-            )
-        object.__setattr__(self, "shifts", shifts)
-        object.__setattr__(self, "votes", int(self.votes))
-
-    @classmethod
-    def half_token(cls, votes: int = 2) -> FindVoting:
-        """Four passes: unshifted and shifted by half a token down, right, and both."""
-        half = SIDE_MULTIPLE // 2
-        return cls(((0, 0), (half, 0), (0, half), (half, half)), votes)
-
-    @property
-    def single(self) -> bool:
-        """One unshifted pass: plain find."""
-        return self.shifts == ((0, 0),)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "shifts": [list(s) for s in self.shifts],
-            "votes": self.votes,
-            "keep_unaliased": self.keep_unaliased,
-        }
-
-    @classmethod
-    def from_json(cls, data: object) -> FindVoting:
-        if not isinstance(data, dict) or "shifts" not in data:
-            raise ValueError(
-                f"find_voting must be {{'shifts': [[r, c], ...], 'votes': n}}, got {data!r}"
-            )
-        shifts = tuple((int(r), int(c)) for r, c in data["shifts"])
-        return cls(
-            shifts,
-            int(data.get("votes", 1)),
-            bool(data.get("keep_unaliased", False)),
-        )
 
 
 def shift_planes(windows: torch.Tensor, rows: int, columns: int) -> torch.Tensor:

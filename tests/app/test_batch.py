@@ -439,6 +439,57 @@ def test_ctrl_c_stops_cleanly_and_a_re_run_resumes(
     assert (resumed.already_stored, resumed.stored, resumed.exit_code) == (1, 2, 0)
 
 
+def test_a_re_run_with_every_study_stored_loads_no_model(
+    tmp_path: Path, sqlite_store: Store, measurer: Any
+) -> None:
+    """The model (torch, transformers, MONAI) is loaded when a study needs measuring: a re-run
+    with every study stored, in a fresh interpreter, imports none of them."""
+    write_phantoms(tmp_path / "tree", n=2, seed=9, spec=SMALL)
+    options = BatchOptions(root=tmp_path / "tree", work_dir=tmp_path / "work", workers=0)
+    assert run_batch(options, store=sqlite_store, measurer=measurer).stored == 2
+    script = (
+        "import sys\n"
+        "from app.cli import main\n"
+        "sys.argv = ['radcaliper', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    status = done.code\n"
+        "print('loaded:', [m for m in ('torch', 'transformers', 'monai') if m in sys.modules])\n"
+        "sys.exit(status)\n"
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-c", script, "batch", str(tmp_path / "tree")),
+            *("--db", str(sqlite_store.url), "--work", str(tmp_path / "work")),
+        ],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "0 stored, 2 already stored" in done.stdout
+    assert "loaded: []" in done.stdout
+
+
+def test_a_model_that_does_not_load_stops_the_batch_with_one_line(
+    tmp_path: Path, sqlite_store: Store
+) -> None:
+    """Its settings are read at the start; its weights when the first study needs them: then
+    the batch stops, exit 2, with the model's error (as when it was loaded up front)."""
+    import shutil
+
+    from model.measurer.checkpoint import default_checkpoint
+
+    model = tmp_path / "model"
+    shutil.copytree(default_checkpoint(), model)
+    (model / "numeric_head.safetensors").unlink()
+    write_phantoms(tmp_path / "tree", n=1, seed=10, spec=SMALL)
+    done = _batch(tmp_path / "tree", sqlite_store, tmp_path / "work", "--model", str(model))
+    assert done.exit_code == 2, done.output
+    assert "error:" in done.output and "numeric_head.safetensors is missing" in done.output
+    assert "Traceback" not in done.output and _runs(sqlite_store) == 0
+
+
 def test_report_paths_drop_a_json_or_csv_suffix(tmp_path: Path) -> None:
     expected = (tmp_path / "r.json", tmp_path / "r.csv")
     assert report_paths(tmp_path / "r") == expected
