@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from model.measurer.calibration import Calibration, DecodeCheck
+    from model.numeric.generation import TokenAutomaton
     from model.numeric.hf import NumericLM
 
 __all__ = [
@@ -80,10 +81,12 @@ def generate_answers(
     max_new_tokens: int,
     device: torch.device | str = "cpu",
     opening: str | None = None,
+    automaton: TokenAutomaton | None = None,
 ) -> list[Answer]:
     """Greedy answers of ``examples`` (one batch, their ``answer`` ignored); with ``opening``
     (a word that is one token, e.g. ``"none"``), each answer's ``opening`` is the probability
-    the model gave that token as its first (``ValueError`` for a word of several tokens)."""
+    the model gave that token as its first (``ValueError`` for a word of several tokens); with
+    ``automaton`` an answer that can no longer parse stops there."""
     ids = special_ids(tokenizer)
     opening_id = None if opening is None else _one_token(tokenizer, opening)
     numeric = lm.numeric_head is not None
@@ -100,6 +103,7 @@ def generate_answers(
             pad_token_id=ids["pad"],
             pixel_values=batch.pixel_values.to(device, dtype),
             image_grid_thw=batch.image_grid_thw.to(device),
+            automaton=automaton,
         )
     openings: list[float | None] = [None] * len(examples)
     if opening_id is not None and generated.first_logits is not None:

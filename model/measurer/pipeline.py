@@ -33,6 +33,7 @@ from model.measurer.checkpoint import (
 )
 from model.measurer.data import Prompted, point_example
 from model.measurer.domain import check as check_domain
+from model.measurer.grammar import find_answer_automaton
 from model.measurer.inference import Answer, generate_answers, outcome_for
 from model.measurer.results import (
     MEASUREMENTS_OF,
@@ -44,6 +45,7 @@ from model.measurer.results import (
 )
 from model.measurer.stages import (
     MAX_POINT_TOKENS,
+    AnswerForm,
     InferenceOptions,
     InferenceStage,
     StudyState,
@@ -53,6 +55,7 @@ from model.measurer.stages import (
 )
 from model.measurer.tasks import ParsedMeasure, parse_point
 from model.measurer.tokenizer import special_ids
+from model.numeric.generation import TokenAutomaton
 from model.numeric.hf import NumericLM
 
 __all__ = ["CheckpointMeasurer", "InferenceOptions"]
@@ -93,6 +96,8 @@ class CheckpointMeasurer:
         )
         self._traces: list[Trace] = []
         self._answered = 0
+        self._automaton: TokenAutomaton | None = None
+        self._automaton_made = False
 
     @classmethod
     def load(
@@ -139,10 +144,15 @@ class CheckpointMeasurer:
         return self._answered
 
     def generate(
-        self, examples: Sequence[Prompted], max_new_tokens: int, opening: str | None = None
+        self,
+        examples: Sequence[Prompted],
+        max_new_tokens: int,
+        opening: str | None = None,
+        form: AnswerForm | None = None,
     ) -> list[Answer]:
         """Greedy answers of one batch of examples, numbers written out, with their weakest
-        decode confidence and the probability of the ``opening`` token (``StageModel``)."""
+        decode confidence and the probability of the ``opening`` token; a ``"find"`` answer
+        that can no longer parse stops there (``StageModel``)."""
         self._answered += len(examples)
         return generate_answers(
             self.lm,
@@ -151,7 +161,20 @@ class CheckpointMeasurer:
             max_new_tokens=max_new_tokens,
             device=self.device,
             opening=opening,
+            automaton=self._find_automaton() if form == "find" else None,
         )
+
+    def _find_automaton(self) -> TokenAutomaton | None:
+        """The find answer's automaton (``model.measurer.grammar``), made once; None in
+        standard-token mode or for a tokenizer that splits the task's words."""
+        if not self._automaton_made:
+            self._automaton_made = True
+            if self.numeric_tokens:
+                model: Any = self.loaded.model
+                vocab = int(model.config.get_text_config().vocab_size)
+                end_ids = [self.ids["eos"]]
+                self._automaton = find_answer_automaton(self.loaded.tokenizer, vocab, end_ids)
+        return self._automaton
 
     @property
     def checkpoint_hash(self) -> str:

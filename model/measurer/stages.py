@@ -51,9 +51,9 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 import torch
 
@@ -111,6 +111,7 @@ __all__ = [
     "MAX_FIND_TOKENS",
     "MAX_FIND_TOKENS_DIGITS",
     "MAX_POINT_TOKENS",
+    "AnswerForm",
     "Candidate",
     "InferenceOptions",
     "InferenceStage",
@@ -133,6 +134,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+AnswerForm = Literal["find"]
+"""Forms of answer a stage can ask :meth:`StageModel.generate` to keep to."""
 
 MAX_FIND_TOKENS = 80  # six findings of 12 tokens, "end" and the end token
 MAX_FIND_TOKENS_DIGITS = 200  # the same with numbers as digits (standard tokens: up to 5 each)
@@ -251,11 +255,17 @@ class StageModel(Protocol):
         ...
 
     def generate(
-        self, examples: Sequence[Prompted], max_new_tokens: int, opening: str | None = None
+        self,
+        examples: Sequence[Prompted],
+        max_new_tokens: int,
+        opening: str | None = None,
+        form: AnswerForm | None = None,
     ) -> list[Answer]:
         """Greedy answers of one batch of examples, numbers written out, each with the decode
         confidence of its weakest number and, with ``opening`` (one token), the probability
-        the model gave it as the answer's first token."""
+        the model gave it as the answer's first token. With ``form`` the answers are of that
+        form (``"find"``: one-image find answers), and an answer that can no longer be one may
+        stop early (it is malformed either way)."""
         ...
 
 
@@ -310,37 +320,74 @@ def _batched(
     max_new_tokens: int,
     batch: int,
     opening: str | None = None,
+    form: AnswerForm | None = None,
 ) -> list[Answer]:
     answers: list[Answer] = []
     for start in range(0, len(examples), batch):
-        answers += model.generate(examples[start : start + batch], max_new_tokens, opening)
+        answers += model.generate(examples[start : start + batch], max_new_tokens, opening, form)
     return answers
 
 
 def _batched_texts(
-    model: StageModel, examples: Sequence[Prompted], max_new_tokens: int, batch: int
+    model: StageModel,
+    examples: Sequence[Prompted],
+    max_new_tokens: int,
+    batch: int,
+    form: AnswerForm | None = None,
 ) -> list[str]:
-    return [a.text for a in _batched(model, examples, max_new_tokens, batch)]
+    return [a.text for a in _batched(model, examples, max_new_tokens, batch, None, form)]
+
+
+@dataclass(frozen=True)
+class _FindJob:
+    """One find prompt over every plane of one tile, in one shifted pass."""
+
+    tile: int
+    prompt: int  # index into the kinds of the find prompts
+    shift: int  # index into the voting's shifts
+    windows: torch.Tensor  # (P, C, H, W) shifted tile planes
+    kinds: frozenset[FindingKind]
 
 
 def _find_answers(
-    model: StageModel, windows: torch.Tensor, inputs: FindInputs, kinds: frozenset[FindingKind]
-) -> tuple[list[list[FoundFinding]], int]:
-    """One find prompt for ``kinds`` per (P, C, H, W) tile plane: the parsed boxes of those
-    kinds on each (none where the answer was malformed; a box of a kind not asked for is not
-    the prompt's answer and is dropped) and how many answers were malformed."""
+    model: StageModel, jobs: Iterable[_FindJob], inputs: FindInputs
+) -> tuple[dict[tuple[int, int, int], list[list[FoundFinding]]], int]:
+    """Every job's parsed boxes of its kinds on each plane (none where the answer was malformed;
+    a box of a kind not asked for is not the prompt's answer and is dropped), keyed by (tile,
+    prompt, shift), and how many answers were malformed.
+
+    The prompts of every job go through the model in batches of ``find_batch``, whichever job
+    they come from; jobs are made one at a time, so the images held at once are one batch and
+    one job's planes."""
     limit = MAX_FIND_TOKENS if model.numeric_tokens else MAX_FIND_TOKENS_DIGITS
-    prompt = find_prompt(1, kinds)
-    examples = [FindExample(image, prompt, None) for image in find_frames(windows, inputs)]
-    answers: list[list[FoundFinding]] = []
+    batch = model.options.find_batch
+    answers: dict[tuple[int, int, int], list[list[FoundFinding]]] = {}
+    pending: list[tuple[FindExample, list[FoundFinding], frozenset[FindingKind]]] = []
     malformed = 0
-    for text in _batched_texts(model, examples, limit, model.options.find_batch):
-        parsed = parse_find(text, num_images=1)
-        if not parsed.success:
-            malformed += 1
-            logger.debug("malformed find answer: %s", parsed.reason)
-        found = parsed.findings if parsed.success else ()
-        answers.append([f for f in found if f.kind in kinds])
+
+    def answer_pending() -> None:
+        nonlocal malformed
+        examples = [example for example, _, _ in pending]
+        texts = _batched_texts(model, examples, limit, batch, "find")
+        for (_, found, kinds), text in zip(pending, texts, strict=True):
+            parsed = parse_find(text, num_images=1)
+            if not parsed.success:
+                malformed += 1
+                logger.debug("malformed find answer: %s", parsed.reason)
+            found.extend(f for f in (parsed.findings if parsed.success else ()) if f.kind in kinds)
+        pending.clear()
+
+    for job in jobs:
+        prompt = find_prompt(1, job.kinds)
+        planes: list[list[FoundFinding]] = []
+        answers[job.tile, job.prompt, job.shift] = planes
+        for image in find_frames(job.windows, inputs):
+            planes.append([])
+            pending.append((FindExample(image, prompt, None), planes[-1], job.kinds))
+            if len(pending) == batch:
+                answer_pending()
+    if pending:
+        answer_pending()
     return answers, malformed
 
 
@@ -359,30 +406,40 @@ def find(model: StageModel, state: StudyState) -> StudyState:
     prompts = [find_kinds(k) for k in options.find_prompts or model.settings.find_prompts]
     all_planes = prepared.image.transpose(0, 1)  # (P, 2, H, W)
     context = inputs.context_planes(prepared.geometry.slice_spacing)
-    per_tile: list[list[list[FoundFinding]]] = []
-    malformed = total = 0
-    for row in tile_starts(side_rows, inputs.size, overlap):
-        for column in tile_starts(side_columns, inputs.size, overlap):
+    starts = [
+        (row, column)
+        for row in tile_starts(side_rows, inputs.size, overlap)
+        for column in tile_starts(side_columns, inputs.size, overlap)
+    ]
+
+    def jobs() -> Iterator[_FindJob]:
+        for tile, (row, column) in enumerate(starts):
             tile_planes = all_planes[:, :, row : row + inputs.size, column : column + inputs.size]
             windows = with_context(tile_planes, context)  # (P, 2 or 6, size, size)
-            tile: list[list[FoundFinding]] = [[] for _ in range(planes)]
-            for kinds in prompts:
-                passes = []
-                for rows, columns in voting.shifts:
+            for prompt, kinds in enumerate(prompts):
+                for shift, (rows, columns) in enumerate(voting.shifts):
                     shifted = shift_planes(windows, rows, columns)
-                    answers, bad = _find_answers(model, shifted, inputs, kinds)
-                    passes.append([unshift_findings(found, rows, columns) for found in answers])
-                    malformed += bad
-                    total += planes
-                voted = passes[0]
-                if not voting.single:
-                    voted = [
-                        vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
-                        for per_plane in zip(*passes, strict=True)
-                    ]
-                for found, more in zip(tile, voted, strict=True):
-                    found.extend(more)
-            per_tile.append([offset_findings(found, row, column) for found in tile])
+                    yield _FindJob(tile, prompt, shift, shifted, kinds)
+
+    answers, malformed = _find_answers(model, jobs(), inputs)
+    total = planes * len(starts) * len(prompts) * len(voting.shifts)
+    per_tile: list[list[list[FoundFinding]]] = []
+    for tile, (row, column) in enumerate(starts):
+        found_on: list[list[FoundFinding]] = [[] for _ in range(planes)]
+        for prompt in range(len(prompts)):
+            passes = [
+                [unshift_findings(found, rows, columns) for found in answers[tile, prompt, shift]]
+                for shift, (rows, columns) in enumerate(voting.shifts)
+            ]
+            voted = passes[0]
+            if not voting.single:
+                voted = [
+                    vote_boxes(per_plane, voting.votes, keep_unaliased=voting.keep_unaliased)
+                    for per_plane in zip(*passes, strict=True)
+                ]
+            for found, more in zip(found_on, voted, strict=True):
+                found.extend(more)
+        per_tile.append([offset_findings(found, row, column) for found in found_on])
     merged = [merge_tiles(tiles) for tiles in zip(*per_tile, strict=True)]
     warnings: tuple[str, ...] = ()
     if malformed:

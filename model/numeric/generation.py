@@ -10,6 +10,11 @@ features) and keeps the KV cache; then each step feeds one embedding per row:
 - other rows feed their token's embedding; rows that already emitted EOS feed ``pad_id`` with
   attention mask 0, so they no longer influence anything and their later tokens are padding.
 
+Greedy generation without recorded logits drops the rows that finished from the model's batch
+(their key-value rows too): the rest of a call costs what its unfinished rows cost. The
+key-value cache is allocated once per call (``model.numeric.kv_cache``): each step writes its
+keys and values in place instead of copying the cache.
+
 Only the rows that chose [NUM] are decoded. Positions continue at ``max(last position) + 1`` per
 row (1-D, or all three components of Qwen2.5-VL's multimodal rope), which reproduces the
 positions that a full forward pass over the final sequence computes.
@@ -27,12 +32,44 @@ import torch
 if TYPE_CHECKING:
     from model.numeric.hf import NumericLM
 
-__all__ = ["LogitsProcessor", "NumericGeneration", "generate_numeric", "select_next_token"]
+__all__ = [
+    "LogitsProcessor",
+    "NumericGeneration",
+    "TokenAutomaton",
+    "generate_numeric",
+    "select_next_token",
+]
 
 logger = logging.getLogger(__name__)
 
 # (sequences so far (B, T), scores (B, V)) -> scores (B, V); transformers' LogitsProcessor fits.
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TokenAutomaton:
+    """Which answers can still parse, token by token: a row whose next token has no transition
+    (``table`` -1), or that cannot reach an end within the tokens it has left, is finished
+    there (its answer so far is malformed whatever would follow; a parser says so).
+
+    ``table`` (S, V) long: the state after each token from each state, -1 for none;
+    ``to_end`` (S,) long: the fewest tokens from each state to a finished answer (its end
+    token included; 0 once finished, where every token, padding included, stays).
+    """
+
+    table: torch.Tensor
+    to_end: torch.Tensor
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        states = self.table.shape[0]
+        if self.table.ndim != 2 or self.to_end.shape != (states,):
+            raise ValueError(
+                f"table must be (S, V) and to_end (S,), got {tuple(self.table.shape)} and "
+                f"{tuple(self.to_end.shape)}"
+            )
+        if not 0 <= self.start < states:
+            raise ValueError(f"start state {self.start} is not among the {states} states")
 
 
 @dataclass
@@ -101,12 +138,14 @@ def generate_numeric(
     pad_id: int,
     logits_processor: LogitsProcessor | None,
     output_logits: bool,
+    automaton: TokenAutomaton | None = None,
 ) -> NumericGeneration:
     """The loop behind ``NumericLM.generate``; inputs come from ``NumericLM.prepare_inputs``.
 
     ``input_ids`` / ``attention_mask`` (B, P) must be left-padded; ``inputs_embeds`` (B, P, D);
     ``position_ids`` (B, P), or (3 G, B, P): G geometries of multimodal rope (t, h, w) rows, e.g.
     Qwen2.5-VL's M-RoPE (G = 1) or M-RoPE and Circle-RoPE (G = 2, ``model.circle_rope``).
+    ``automaton``: rows whose answer can no longer parse finish early (:class:`TokenAutomaton`).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -118,23 +157,37 @@ def generate_numeric(
     batch, prompt_length = input_ids.shape
     device = input_ids.device
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)  # (E,)
+    # greedy rows that finished leave the batch; every row stays when sampling (the generator's
+    # stream stays as it was), when logits are recorded (one per row and step) and for a logits
+    # processor (it sees the whole batch, row by row, as transformers' do)
+    compact = not do_sample and not output_logits and logits_processor is None
 
     # prefill: the whole prompt, only the last position's logits are needed
     logits, hidden, cache = lm.run_model(
-        inputs_embeds, attention_mask, position_ids, use_cache=True, last_only=True
+        inputs_embeds,
+        attention_mask,
+        position_ids,
+        past_key_values=lm.generation_cache(prompt_length + max_new_tokens),
+        use_cache=True,
+        last_only=True,
     )
-    step_logits = logits[:, -1].float()  # (B, V)
-    step_hidden = hidden[:, -1]  # (B, D) lm_head input that produced step_logits
+    step_logits = logits[:, -1].float()  # (n, V) of the n rows in the model
+    step_hidden = hidden[:, -1]  # (n, D) lm_head input that produced step_logits
     first_logits = step_logits
 
     sequences, mask = input_ids, attention_mask.long()
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
-    num_rows: list[list[int]] = []  # per [NUM] step: the n rows that emitted [NUM]
+    rows_in = torch.arange(batch, device=device)  # (n,) the rows in the model, in its order
+    if automaton is not None:
+        table, to_end = automaton.table.to(device), automaton.to_end.to(device)
+        states = torch.full((batch,), automaton.start, dtype=torch.long, device=device)
+    num_rows: list[list[int]] = []  # per [NUM] step: the rows (of B) that emitted [NUM]
     num_decoded: list[torch.Tensor] = []  # per [NUM] step: (n,) float64 their values
     num_confidence: list[torch.Tensor] = []  # per [NUM] step: (n,) float64 (NaN: no measure)
     embed_dtype = lm.token_embeddings(input_ids[:1, -1:]).dtype  # what the next step feeds
     all_logits: list[torch.Tensor] = []
     for step in range(max_new_tokens):
+        every_row = rows_in.shape[0] == batch
         if output_logits:
             all_logits.append(step_logits)
         scores = step_logits
@@ -147,42 +200,59 @@ def generate_numeric(
             top_k=top_k,
             top_p=top_p,
             generator=generator,
-        )  # (B,)
-        next_ids = next_ids.masked_fill(finished, pad_id)
-        rows = [] if head is None else _num_rows(next_ids, finished, num_id, pad_id)
+        )  # (n,)
+        done_in = finished if every_row else finished[rows_in]  # (n,)
+        next_ids = next_ids.masked_fill(done_in, pad_id)
+        rows = [] if head is None else _num_rows(next_ids, done_in, num_id, pad_id)
         if head is None or not rows:
-            next_embeds = lm.token_embeddings(next_ids[:, None])  # (B, 1, D)
+            next_embeds = lm.token_embeddings(next_ids[:, None])  # (n, 1, D)
         else:  # decode the rows that emitted [NUM] only, feed their values' embeddings
-            every = len(rows) == batch
-            index = None if every else torch.tensor(rows, device=device)  # (n,)
-            num_hidden = step_hidden if index is None else step_hidden[index]  # (n, D)
+            every = len(rows) == next_ids.shape[0]
+            index = None if every else torch.tensor(rows, device=device)  # (k,)
+            num_hidden = step_hidden if index is None else step_hidden[index]  # (k, D)
             if num_hidden.dtype != torch.float32:
                 num_hidden = num_hidden.float()
-            decoded = head.decode(num_hidden)  # (n,) float64
-            confidence = head.confidence(num_hidden, decoded)  # (n,) or None
+            decoded = head.decode(num_hidden)  # (k,) float64
+            confidence = head.confidence(num_hidden, decoded)  # (k,) or None
             if confidence is None:
                 confidence = torch.full_like(decoded, float("nan"))
-            value_embeds = head.embed(decoded)  # (n, D)
+            value_embeds = head.embed(decoded)  # (k, D)
             if value_embeds.dtype != embed_dtype:
                 value_embeds = value_embeds.to(embed_dtype)
             if index is None:  # every row feeds a value: no token embeddings to look up
-                next_embeds = value_embeds[:, None]  # (B, 1, D)
+                next_embeds = value_embeds[:, None]  # (n, 1, D)
             else:
-                next_embeds = lm.token_embeddings(next_ids[:, None])  # (B, 1, D)
+                next_embeds = lm.token_embeddings(next_ids[:, None])  # (n, 1, D)
                 next_embeds[index, 0] = value_embeds
-            num_rows.append(rows)
+            num_rows.append(rows if every_row else rows_in[rows].tolist())
             num_decoded.append(decoded)
             num_confidence.append(confidence.double())
 
+        if not every_row:  # back to (B,): the rows out of the model are finished, pad
+            next_ids = torch.full_like(finished, pad_id, dtype=torch.long).index_copy(
+                0, rows_in, next_ids
+            )
         sequences = torch.cat([sequences, next_ids[:, None]], dim=1)  # (B, P + step + 1)
         mask = torch.cat([mask, (~finished).long()[:, None]], dim=1)
         finished = finished | torch.isin(next_ids, eos)
+        if automaton is not None:  # answers that can no longer parse end here
+            states = table[states, next_ids]  # (B,) -1: no transition
+            left = max_new_tokens - step - 1
+            finished = finished | (states < 0) | (to_end[states.clamp(min=0)] > left)
+            states = states.clamp(min=0)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
 
-        position_ids = _next_positions(position_ids)
+        position_ids = _next_positions(position_ids)  # (..., n, 1)
+        if compact and bool(finished[rows_in].any()):  # finished rows leave the batch
+            keep = (~finished[rows_in]).nonzero().squeeze(1)  # (n',)
+            rows_in = rows_in[keep]
+            next_embeds = next_embeds[keep]
+            position_ids = position_ids.index_select(-2, keep)
+            cache.batch_select_indices(keep)
+        step_mask = mask if rows_in.shape[0] == batch else mask[rows_in]
         logits, hidden, cache = lm.run_model(
-            next_embeds, mask, position_ids, past_key_values=cache, use_cache=True
+            next_embeds, step_mask, position_ids, past_key_values=cache, use_cache=True
         )
         step_logits = logits[:, -1].float()
         step_hidden = hidden[:, -1]

@@ -36,17 +36,25 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ingestion.errors import ModelError
-from model.numeric.generation import LogitsProcessor, NumericGeneration, generate_numeric
+from model.numeric.generation import (
+    LogitsProcessor,
+    NumericGeneration,
+    TokenAutomaton,
+    generate_numeric,
+)
 from model.numeric.protocol import NumericHead
 
-__all__ = ["NumericLM", "NumericLMOutput"]
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
+__all__ = ["GenerateCall", "NumericLM", "NumericLMOutput"]
 
 IGNORE_INDEX = -100  # label value that the cross-entropy skips (transformers' convention)
 
@@ -62,6 +70,16 @@ class NumericLMOutput:
     num_hidden: torch.Tensor  # (N, D) float32 final normed hidden states whose target is [NUM]
     num_positions: torch.Tensor  # (N, 2) long (row, position) of those hidden states
     num_targets: torch.Tensor | None  # (N,) values targeted there (label values); None w/o head
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One :meth:`NumericLM.generate` call as its observers see it."""
+
+    input_ids: torch.Tensor  # (B, P) left-padded prompts
+    attention_mask: torch.Tensor  # (B, P)
+    image_grid_thw: torch.Tensor | None  # (N, 3) the images' patch grids, in row order
+    generation: NumericGeneration
 
 
 class NumericLM(nn.Module):
@@ -89,6 +107,7 @@ class NumericLM(nn.Module):
         from model._transformers import CACHE  # the model has imported transformers already
 
         self._cache_name = CACHE  # the key-value cache's keyword and output field
+        self._observers: list[Callable[[GenerateCall], None]] = []
 
     # --- embeddings ----------------------------------------------------------------------------
 
@@ -141,6 +160,20 @@ class NumericLM(nn.Module):
         return embeds, positions
 
     # --- one model call ------------------------------------------------------------------------
+
+    def generation_cache(self, capacity: int) -> Cache | None:
+        """A key-value cache of ``capacity`` positions allocated once (``kv_cache``), or None
+        (the model's own growing cache) where the model has layers other than full attention
+        or does not say how many layers it has."""
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if config is not None else None
+        layers = getattr(text, "num_hidden_layers", None)
+        kinds = getattr(text, "layer_types", None) or ["full_attention"]
+        if not isinstance(layers, int) or any(kind != "full_attention" for kind in kinds):
+            return None
+        from model.numeric.kv_cache import preallocated_cache  # transformers is loaded by now
+
+        return preallocated_cache(layers, capacity)
 
     def run_model(
         self,
@@ -292,6 +325,7 @@ class NumericLM(nn.Module):
         output_logits: bool = False,
         pixel_values: torch.Tensor | None = None,
         image_grid_thw: torch.Tensor | None = None,
+        automaton: TokenAutomaton | None = None,
     ) -> NumericGeneration:
         """Generate from left-padded (B, P) prompts; see ``model.numeric.generation``.
 
@@ -301,7 +335,7 @@ class NumericLM(nn.Module):
         embeds, positions = self.prepare_inputs(
             input_ids, attention_mask, num_values, pixel_values, image_grid_thw
         )
-        return generate_numeric(
+        generation = generate_numeric(
             self,
             input_ids,
             attention_mask,
@@ -318,7 +352,22 @@ class NumericLM(nn.Module):
             pad_id=pad_id,
             logits_processor=logits_processor,
             output_logits=output_logits,
+            automaton=automaton,
         )
+        for observer in list(self._observers):
+            observer(GenerateCall(input_ids, attention_mask, image_grid_thw, generation))
+        return generation
+
+    def subscribe(self, observer: Callable[[GenerateCall], None]) -> Callable[[], None]:
+        """Call ``observer`` after every :meth:`generate` from now on (benchmarks count what
+        was generated); returns the function that unsubscribes it."""
+        self._observers.append(observer)
+
+        def unsubscribe() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+        return unsubscribe
 
 
 # --- backbones: what differs between a text LM and Qwen2.5-VL ----------------------------------

@@ -69,15 +69,21 @@ class FixedAnswers:
     prompts: list[str] = field(default_factory=list)
     images: list[torch.Tensor] = field(default_factory=list)  # find images, in prompt order
     openings: list[str | None] = field(default_factory=list)  # the opening asked, per batch
+    batches: list[tuple[int, str | None]] = field(default_factory=list)  # (size, form) per batch
 
     @property
     def prompts_answered(self) -> int:
         return len(self.prompts)
 
     def generate(
-        self, examples: Sequence[object], max_new_tokens: int, opening: str | None = None
+        self,
+        examples: Sequence[object],
+        max_new_tokens: int,
+        opening: str | None = None,
+        form: str | None = None,
     ) -> list[Answer]:
         self.openings.append(opening)
+        self.batches.append((len(examples), form))
         out = []
         for example in examples:
             prompt = str(example.prompt)  # type: ignore[attr-defined]
@@ -171,6 +177,25 @@ def test_find_searches_the_whole_field_in_overlapping_tiles() -> None:
     assert len(centres) == len(starts) ** 2  # one candidate per tile: 25 places over the field
     xs = sorted({x for x, _ in centres})
     assert xs[-1] - xs[0] >= 2 * 56  # spread over the field, not one 56 mm crop
+
+
+def test_find_prompts_of_every_tile_and_pass_share_full_batches() -> None:
+    """25 tiles x 2 passes x 4 planes = 200 find prompts go in batches of ``find_batch``,
+    whichever tile and pass they come from, each asked in the find answer's form; the answers
+    still reach their own tile and pass (one box per tile and pass, none voted away)."""
+    volume = _volume(side=200, slices=4)
+    options = InferenceOptions(
+        find_voting=FindVoting(((0, 0), (14, 0)), votes=1),
+        find_edge_mm=0.0,
+        find_overlap_mm=20.0,
+        find_batch=64,
+    )
+    model = FixedAnswers(lambda p, i: "lesion box [40, 40, 50, 50] ; end", options=options)
+    state = find(model, StudyState(volume))
+    tiles = len(tile_starts(200, 56, 20)) ** 2
+    total = state.examined_planes * tiles * 2
+    assert model.batches == [(64, "find")] * (total // 64) + [(total % 64, "find")]
+    assert len(state.candidates) == 2 * tiles  # the second pass's box shifted back 14 px
 
 
 def test_one_kind_find_prompts_keep_only_the_kind_they_ask_for() -> None:

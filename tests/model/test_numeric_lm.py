@@ -27,8 +27,9 @@ from transformers import (
 
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.numeric.codec import RotaryNumberCodec
-from model.numeric.generation import NumericGeneration, select_next_token
+from model.numeric.generation import NumericGeneration, TokenAutomaton, select_next_token
 from model.numeric.hf import NumericLM
+from model.numeric.kv_cache import PreallocatedLayer, preallocated_cache
 from model.numeric.protocol import NumericHead
 from model.numeric.rned_head import RnedHead
 from model.numeric.xval import XValHead
@@ -663,3 +664,136 @@ def test_padding_with_the_num_id_is_not_decoded(tiny_text_lm: Qwen2ForCausalLM) 
     assert gen.new_tokens[1, 1:3].tolist() == [NUM, NUM]
     assert spy.decode_sizes == [1, 1]  # row 1 only
     assert [len(v) for v in gen.values] == [0, 2]
+
+
+# --- the loop's key-value cache and finished rows -------------------------------------------------
+
+
+def assert_same_generation(ours: NumericGeneration, theirs: NumericGeneration) -> None:
+    """Bit for bit: tokens, masks, values, confidences (NaN where the head has none), logits."""
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.attention_mask, theirs.attention_mask)
+    for a, b in [
+        *zip(ours.values, theirs.values, strict=True),
+        *zip(ours.confidences, theirs.confidences, strict=True),
+        (ours.num_values, theirs.num_values),
+    ]:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    for a, b in ((ours.logits, theirs.logits), (ours.first_logits, theirs.first_logits)):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", HEADS)
+def test_the_preallocated_cache_gives_the_growing_caches_results_bit_for_bit(
+    tiny_vl: Qwen2_5_VLForConditionalGeneration,
+    image: TinyImage,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lm = NumericLM(tiny_vl, make_head(kind), NUM)
+    ids, mask = left_pad(VL_ROWS)
+    cache = lm.generation_cache(ids.shape[1] + MAX_NEW)
+    assert cache is not None and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
+
+    def run() -> NumericGeneration:
+        return lm.generate(
+            ids,
+            mask,
+            values(PROMPT_VALUES["vl"]),
+            max_new_tokens=MAX_NEW,
+            logits_processor=forcing(ids.shape[1]),
+            output_logits=True,
+            pixel_values=image.pixel_values,
+            image_grid_thw=image.image_grid_thw,
+        )
+
+    ours = run()
+    monkeypatch.setattr(lm, "generation_cache", lambda capacity: None)  # transformers' own cache
+    assert_same_generation(ours, run())
+    # a cache too small for the call grows, with the same results
+    layers = tiny_vl.config.get_text_config().num_hidden_layers
+    monkeypatch.setattr(lm, "generation_cache", lambda capacity: preallocated_cache(layers, 3))
+    assert_same_generation(ours, run())
+    with pytest.raises(ValueError, match="capacity"):
+        PreallocatedLayer(0)
+
+
+def test_finished_rows_leave_the_batch_with_the_same_answers(
+    tiny_text_lm: Qwen2ForCausalLM,
+) -> None:
+    lm = NumericLM(tiny_text_lm, make_head("rned_corr"), NUM)
+    ids, mask = left_pad(TEXT_ROWS)
+    prompt_values = values(PROMPT_VALUES["text"])
+    probe = lm.generate(ids, mask, prompt_values, max_new_tokens=MAX_NEW, eos_token_id=[])
+    # the end token: the one row 0 says at step 1; rows then finish at different steps
+    end = int(probe.new_tokens[0, 1])
+    first = [
+        next((s for s, t in enumerate(row.tolist()) if t == end), MAX_NEW)
+        for row in probe.new_tokens
+    ]
+    assert first[0] == 1 and max(first) > 2, f"rows end at {first}: pick another end token"
+
+    rows_seen: list[int] = []
+    hook = tiny_text_lm.register_forward_pre_hook(
+        lambda _, args, kwargs: rows_seen.append(kwargs["inputs_embeds"].shape[0]),
+        with_kwargs=True,
+    )
+    try:
+        leaving = lm.generate(ids, mask, prompt_values, max_new_tokens=MAX_NEW, eos_token_id=end)
+        seen_leaving = list(rows_seen)
+        rows_seen.clear()
+        # a logits processor keeps every row in the batch (it sees them all, row by row)
+        staying = lm.generate(
+            ids,
+            mask,
+            prompt_values,
+            max_new_tokens=MAX_NEW,
+            eos_token_id=end,
+            logits_processor=lambda _, scores: scores,
+        )
+    finally:
+        hook.remove()
+    assert rows_seen == [len(TEXT_ROWS)] * len(rows_seen)
+    assert seen_leaving[0] == len(TEXT_ROWS) and seen_leaving[-1] < len(TEXT_ROWS)
+    assert sum(seen_leaving) < sum(rows_seen)
+    # tokens and values bit for bit; confidences to float32 rounding (a smaller batch may sum
+    # in another order)
+    assert torch.equal(leaving.sequences, staying.sequences)
+    assert torch.equal(leaving.attention_mask, staying.attention_mask)
+    for a, b in zip(leaving.values, staying.values, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(leaving.confidences, staying.confidences, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_an_automaton_ends_answers_that_cannot_parse(tiny_text_lm: Qwen2ForCausalLM) -> None:
+    lm = NumericLM(tiny_text_lm, make_head("rned_corr"), NUM)
+    ids, mask = left_pad(TEXT_ROWS)
+    prompt_values = values(PROMPT_VALUES["text"])
+    free = lm.generate(ids, mask, prompt_values, max_new_tokens=MAX_NEW, eos_token_id=[])
+    # any first token is fine; a second token is only fine for row 0's own second token
+    table = torch.full((3, VOCAB), -1, dtype=torch.long)
+    table[0] = 1
+    table[1, int(free.new_tokens[0, 1])] = 2
+    table[2] = 2
+    automaton = TokenAutomaton(table, torch.tensor([0, 0, 0]))
+    ended = lm.generate(
+        ids, mask, prompt_values, max_new_tokens=MAX_NEW, eos_token_id=[], automaton=automaton
+    )
+    new_mask = ended.attention_mask[:, ended.prompt_length :]
+    lengths = new_mask.sum(dim=1).tolist()
+    stays = [int(free.new_tokens[r, 1]) == int(free.new_tokens[0, 1]) for r in range(len(ids))]
+    assert stays[0] and not all(stays)
+    assert lengths == [MAX_NEW if ok else 2 for ok in stays]
+    # the tokens up to each row's end are the free run's
+    for row, length in enumerate(lengths):
+        assert torch.equal(ended.new_tokens[row, :length], free.new_tokens[row, :length])
+    # too few tokens left to reach the end stops a row as well
+    table[2] = 2
+    tight = TokenAutomaton(table, torch.tensor([0, 0, MAX_NEW]))
+    short = lm.generate(
+        ids, mask, prompt_values, max_new_tokens=MAX_NEW, eos_token_id=[], automaton=tight
+    )
+    assert short.attention_mask[:, short.prompt_length :].sum(dim=1).tolist() == [2] * len(ids)
