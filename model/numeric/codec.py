@@ -660,14 +660,22 @@ class RotaryNumberCodec(nn.Module):
         self._host = _host_tables(self._tables, dim, self.step) if cpu else None
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        """Move/cast the buffer as ``nn.Module`` does, then rebuild the float64 tables from it."""
+        """Move/cast the buffer as ``nn.Module`` does, then rebuild the float64 tables from it
+        (not when the buffer stayed as it was: ``.to()`` to its own device and dtype)."""
+        before = self.x_base
         out = super()._apply(fn, recurse)
-        self._build_tables()
+        if self.x_base is not before or self._tables is None:
+            self._build_tables()
         return out
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Load as ``nn.Module`` does, then rebuild the tables (not when the loaded base vector
+        is the one they were built from: a checkpoint of the same seed and scale)."""
+        before = self.x_base.detach().clone()
         super()._load_from_state_dict(*args, **kwargs)
-        self._build_tables()
+        same = self.x_base.dtype == before.dtype and torch.equal(self.x_base, before)
+        if not same or self._tables is None:
+            self._build_tables()
 
     @property
     def _t(self) -> _Tables:

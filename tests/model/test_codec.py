@@ -413,6 +413,29 @@ def test_state_dict_round_trip_rebuilds_the_tables() -> None:
         assert torch.equal(target.decode(hidden, method), values)  # type: ignore[arg-type]
 
 
+def test_the_tables_are_rebuilt_only_when_the_base_vector_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading a checkpoint moves the head to its device and loads its state: neither rebuilds
+    the tables when the base vector stays what it was (start-up, issue 26)."""
+    codec, other = RotaryNumberCodec(64, seed=3), RotaryNumberCodec(64, seed=4)
+    builds: list[int] = []
+    build = RotaryNumberCodec._build_tables
+
+    def counting(self: RotaryNumberCodec) -> None:
+        builds.append(1)
+        build(self)
+
+    monkeypatch.setattr(RotaryNumberCodec, "_build_tables", counting)
+    codec.to("cpu").to(torch.get_default_dtype())
+    codec.load_state_dict(codec.state_dict())
+    assert builds == []
+    codec.load_state_dict(other.state_dict())
+    assert len(builds) == 1 and torch.equal(codec.encode(12.5), other.encode(12.5))
+    codec.double()
+    assert len(builds) == 2 and codec.decode(codec.encode(12.5), "rnd").item() == 12.5
+
+
 def test_meta_device_codec_works_after_loading() -> None:
     reference = RotaryNumberCodec(64, seed=4)
     codec = RotaryNumberCodec(64).to("meta")
