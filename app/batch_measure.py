@@ -80,13 +80,7 @@ class DeferredMeasurer:
         (``model.measurer.pipeline.CheckpointMeasurer.load``)."""
         from model.measurer.checkpoint import checkpoint_hash, read_settings
 
-        settings = read_settings(directory)
-        info = ModelInfo(
-            settings.name,
-            settings.version,
-            settings.numeric_mode.value,
-            settings.not_for_clinical_use,
-        )
+        info = read_settings(directory).model_info()
 
         def load() -> Any:
             from model.measurer.pipeline import CheckpointMeasurer

@@ -94,13 +94,7 @@ class ModelIdentity:
             raise ModelError(
                 f"{directory} is not a radcaliper measurer checkpoint: cannot read {path} ({exc})"
             ) from None
-        info = ModelInfo(
-            settings.name,
-            settings.version,
-            settings.numeric_mode.value,
-            settings.not_for_clinical_use,
-        )
-        return cls(info, checkpoint_hash(directory), directory.resolve())
+        return cls(settings.model_info(), checkpoint_hash(directory), directory.resolve())
 
 
 @dataclass(frozen=True)

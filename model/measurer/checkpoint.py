@@ -44,6 +44,7 @@ from ingestion.errors import ModelError
 from model.measurer.calibration import Calibration, DecodeCheck, DetectionThreshold
 from model.measurer.domain import Domain
 from model.measurer.inputs import FindInputs, FindVoting, MeasureInputs
+from model.measurer.results import ModelInfo
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +153,12 @@ class MeasurerSettings:
         object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
         if not self.name or not self.version:
             raise ValueError("a measurer needs a name and a version")
+
+    def model_info(self) -> ModelInfo:
+        """The name, version and numeric mode every output of this checkpoint carries."""
+        return ModelInfo(
+            self.name, self.version, self.numeric_mode.value, self.not_for_clinical_use
+        )
 
     def to_json(self) -> dict[str, Any]:
         extra = {} if self.base_model is None else {"base_model": self.base_model.to_json()}

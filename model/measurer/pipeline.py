@@ -189,13 +189,7 @@ class CheckpointMeasurer:
 
     @property
     def info(self) -> ModelInfo:
-        settings = self.loaded.settings
-        return ModelInfo(
-            settings.name,
-            settings.version,
-            settings.numeric_mode.value,
-            settings.not_for_clinical_use,
-        )
+        return self.loaded.settings.model_info()
 
     # --- the protocol --------------------------------------------------------------------------
 
