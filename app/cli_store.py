@@ -6,6 +6,7 @@ data dir). Database errors are one line with what to do, and a non-zero exit.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -362,6 +363,11 @@ def audit_log(
     _print_rows(rows, fmt, ("id", "at", "actor", "action", "object_type", "object_id"))
 
 
+def _default_processes() -> int:
+    """Two processes for a large verify where there are two CPUs."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 @audit_app.command("verify")
 def audit_verify(
     ctx: typer.Context,
@@ -371,25 +377,55 @@ def audit_verify(
             "--head", help="A head hash kept from an earlier verify: it must still be the head."
         ),
     ] = None,
+    since_head: Annotated[
+        str | None,
+        typer.Option(
+            "--since-head",
+            metavar="HASH",
+            help="Check only the events appended after the event with this hash (a head an "
+            "earlier verify printed): that event's own hash, the chain after it (ids, "
+            "prev_hash, hashes, the head) and the rows those later events recorded. It does "
+            "not re-check earlier events or the rows recorded before that head, nor look for "
+            "rows added outside radcaliper: run a full verify for that. Exit 2 when no event "
+            "has this hash.",
+        ),
+    ] = None,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            min=1,
+            help="A full verify of a large log (50,000 events and more) shares the work with "
+            "a second process when this is 2 or more (the default on machines with 2 CPUs "
+            "or more).",
+        ),
+    ] = _default_processes(),
     db: DbOption = None,
 ) -> None:
     """Check the hash chain of the audit log and every stored row it covers against it.
 
     Covered: users, studies, series, runs, findings, measurements and reviews (every fact a
     result, an SR or an audit answer is built from). Exit status: 0 intact (the head hash is
-    printed: keep it elsewhere and pass it back with --head next time), 1 tampered (the first
-    problem is named: the event, or the table, row and field that differs).
+    printed: keep it elsewhere and pass it back with --head next time, or with --since-head
+    for a quick check of what was added since), 1 tampered (the first problem is named: the
+    event, or the table, row and field that differs), 2 the check could not run (e.g. an
+    unknown --since-head hash).
     """
     from db.audit import verify
 
     store = open_database(ctx, db)
     try:
         with store.reader() as session:
-            report = checked(lambda: verify(session, expected_head=head))
+            report = checked(
+                lambda: verify(
+                    session, expected_head=head, since_head=since_head, processes=processes
+                )
+            )
     finally:
         store.dispose()
     if report.ok:
-        out.print(f"intact: {report.events} events; head {report.head_hash}")
+        since = "" if since_head is None else f" since {safe(since_head[:16])}..."
+        out.print(f"intact: {report.events} events{since}; head {report.head_hash}")
         raise typer.Exit(EXIT_OK)
     err.print(f"[red]TAMPERED:[/red] {safe(report.problem)}", highlight=False)
     raise typer.Exit(EXIT_PARTIAL)
