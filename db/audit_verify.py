@@ -88,7 +88,7 @@ _MODELS: Mapping[str, type[Base]] = {
     "reviews": Review,
 }
 
-_BATCH = 4096  # rows fetched (and events hashed) at a time
+_BATCH = 1024  # rows fetched (and events hashed) at a time
 _IN_LIST = 500  # row ids per "WHERE id IN (...)" of a since-head check
 _PENDING = 1 << 15  # logged entries gathered before they are sorted into a table's arrays
 _PARALLEL_MIN_EVENTS = 50_000  # a smaller log is verified in one process
@@ -623,7 +623,7 @@ class _TableDigests:
 
     def _converted(self, row: DbRow) -> Sequence[Any]:
         """``row`` with its stored text turned into what the ORM reads (SQLite)."""
-        if not self.converters:
+        if all(row[i] is None for i, _ in self.converters):
             return row
         values = list(row)
         for i, convert in self.converters:
