@@ -13,6 +13,7 @@ from ingestion._lazy import lazy_exports as _lazy_exports
 if TYPE_CHECKING:
     from db.audit import (
         GENESIS,
+        UnknownHeadError,
         VerifyReport,
         append_event,
         canonical_time,
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
 _SOURCES: dict[str, tuple[str, ...]] = {
     "db.audit": (
         "GENESIS",
+        "UnknownHeadError",
         "VerifyReport",
         "append_event",
         "canonical_time",
@@ -192,6 +194,7 @@ __all__ = [
     "Store",
     "StoreOutcome",
     "Study",
+    "UnknownHeadError",
     "User",
     "VerifyReport",
     "WorklistFilter",
