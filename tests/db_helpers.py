@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from db.engine import Store
 from db.models import Measurement as Row
@@ -85,3 +85,18 @@ def store_one(
 def first_measurement_id(store: Store) -> int:
     with store.reader() as session:
         return int(session.execute(select(Row.id).order_by(Row.id)).scalars().first() or 0)
+
+
+def as_attacker(store: Store, *statements: str) -> None:
+    """Raw SQL as someone with write access who also drops the append-only triggers."""
+    drop = (
+        [
+            "DROP TRIGGER IF EXISTS audit_events_no_update",
+            "DROP TRIGGER IF EXISTS audit_events_no_delete",
+        ]
+        if store.backend == "sqlite"
+        else ["DROP TRIGGER IF EXISTS audit_events_append_only ON audit_events"]
+    )
+    with store.engine.begin() as connection:
+        for statement in (*drop, *statements):
+            connection.execute(text(statement))

@@ -10,27 +10,13 @@ from db.engine import Store
 from db.models import AuditEvent, Measurement, Review, ReviewAction, User
 from db.review import review_measurement
 
+from db_helpers import as_attacker as _as_attacker
 from db_helpers import first_measurement_id
 
 
 def _verify(store: Store, head: str | None = None):  # type: ignore[no-untyped-def]
     with store.reader() as session:
         return verify(session, expected_head=head)
-
-
-def _as_attacker(store: Store, *statements: str) -> None:
-    """Raw SQL as someone with write access who also drops the append-only triggers."""
-    drop = (
-        [
-            "DROP TRIGGER IF EXISTS audit_events_no_update",
-            "DROP TRIGGER IF EXISTS audit_events_no_delete",
-        ]
-        if store.backend == "sqlite"
-        else ["DROP TRIGGER IF EXISTS audit_events_append_only ON audit_events"]
-    )
-    with store.engine.begin() as connection:
-        for statement in (*drop, *statements):
-            connection.execute(text(statement))
 
 
 def _reviewed(store: Store, users: dict[str, User]) -> int:

@@ -25,6 +25,7 @@ from db.models import Measurement, ReviewAction, User
 from db.review import review_measurement
 from ingestion.volume import Volume
 
+from db_helpers import as_attacker as _as_attacker
 from db_helpers import make_result, store_one
 
 runner = CliRunner()
@@ -80,20 +81,6 @@ def _both(store: Store) -> VerifyReport:
     alone = _verify(store)
     assert _verify(store, processes=2) == alone
     return alone
-
-
-def _as_attacker(store: Store, *statements: str) -> None:
-    drop = (
-        [
-            "DROP TRIGGER IF EXISTS audit_events_no_update",
-            "DROP TRIGGER IF EXISTS audit_events_no_delete",
-        ]
-        if store.backend == "sqlite"
-        else ["DROP TRIGGER IF EXISTS audit_events_append_only ON audit_events"]
-    )
-    with store.engine.begin() as connection:
-        for statement in (*drop, *statements):
-            connection.execute(text(statement))
 
 
 def _ids(store: Store, table: str) -> list[int]:
