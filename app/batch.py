@@ -53,8 +53,7 @@ from app.batch_report import write_report
 from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch_worker import LoadOutline, StudyJob, StudyLoad, load_study, start_worker
 from app.measuring import run_identity
-from app.threads import torch_threads
-from app.threads import usable_cpus as usable_cpus  # re-exported (app.batch_ray)
+from app.threads import torch_threads, usable_cpus
 from db.engine import Store
 from db.review import CorrectionLimits
 from ingestion.catalog import FileRecord, FileStatus

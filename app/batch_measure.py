@@ -89,21 +89,11 @@ class DeferredMeasurer:
 
         return cls(info, checkpoint_hash(directory), load)
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the model has been loaded."""
-        return self._measurer is not None
-
     def load(self) -> Any:
         """The measurer, loaded on the first call (``ModelError`` when it cannot be)."""
         if self._measurer is None:
             self._measurer = self._load()
         return self._measurer
-
-    def measure(self, volume: Volume, *, source: str) -> StudyResult:
-        """Measure ``volume`` with the model (loaded first if need be)."""
-        result: StudyResult = self.load().measure(volume, source=source)
-        return result
 
 
 def unexpected(exc: BaseException) -> str:

@@ -36,9 +36,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from app.batch import BatchOptions, Loaded, MeasuredStudy, usable_cpus
+from app.batch import BatchOptions, Loaded, MeasuredStudy
 from app.batch_measure import StudyStored, measure_and_store_study, unexpected
 from app.batch_worker import LoadedSeries, LoadOutline, StudyJob, load_study
+from app.threads import usable_cpus
 from db.engine import Store
 from ingestion.catalog import FileRecord, catalog_file
 from ingestion.errors import ConfigurationError

@@ -154,8 +154,8 @@ def measure(
                     actor=cli_actor(),
                     pseudonym_key=settings.pseudonym_key,
                 )
-                try:  # checked: the store's errors (SQLAlchemy is imported only with a store)
-                    measured = run() if store is None else checked(run)
+                try:
+                    measured = checked(run)
                 except ModelError as exc:
                     err.print(
                         f"[red]not measured:[/red] series "

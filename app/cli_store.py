@@ -6,7 +6,6 @@ data dir). Database errors are one line with what to do, and a non-zero exit.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -65,9 +64,8 @@ def _url(ctx: typer.Context, db: str | None) -> tuple[str, bool]:
 
 
 def checked(action: Callable[[], T]) -> T:
-    """Run a database action; one clear line and exit 2 when it fails."""
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """Run a database action; one clear line and exit 2 when it fails. SQLAlchemy is imported
+    only when the action fails (a command without a store never loads it)."""
     from ingestion.errors import StorageError
 
     try:
@@ -75,7 +73,13 @@ def checked(action: Callable[[], T]) -> T:
     except StorageError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from exc
-    except SQLAlchemyError as exc:
+    except Exception as exc:
+        if "sqlalchemy" not in sys.modules:  # then it cannot be SQLAlchemy's error
+            raise
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if not isinstance(exc, SQLAlchemyError):
+            raise
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         err.print(f"[red]error:[/red] database: {safe(reason)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from exc
@@ -364,8 +368,10 @@ def audit_log(
 
 
 def _default_processes() -> int:
-    """Two processes for a large verify where there are two CPUs."""
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
+    """Two processes for a large verify where this process may use two CPUs (its affinity)."""
+    from app.threads import usable_cpus
+
+    return 2 if usable_cpus() >= 2 else 1
 
 
 @audit_app.command("verify")

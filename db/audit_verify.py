@@ -42,6 +42,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -61,32 +62,11 @@ from sqlalchemy.orm import Session
 
 from db.audit import GENESIS, UnknownHeadError, VerifyReport, event_hash
 from db.coverage import COVERED_TABLES, canonical_json, canonical_time, digest, logged_states
-from db.models import (
-    AuditEvent,
-    AuditHead,
-    Base,
-    Finding,
-    Measurement,
-    Review,
-    Run,
-    Series,
-    Study,
-    User,
-)
+from db.models import AuditEvent, AuditHead, Base
 
 __all__ = ["run"]
 
 logger = logging.getLogger(__name__)
-
-_MODELS: Mapping[str, type[Base]] = {
-    "users": User,
-    "studies": Study,
-    "series": Series,
-    "runs": Run,
-    "findings": Finding,
-    "measurements": Measurement,
-    "reviews": Review,
-}
 
 _BATCH = 1024  # rows fetched (and events hashed) at a time
 _IN_LIST = 500  # row ids per "WHERE id IN (...)" of a since-head check
@@ -149,6 +129,8 @@ def _fast_digest(value: Any) -> str:
         return digest(value)
     if not text.isascii():
         return digest(value)  # orjson writes UTF-8 where json writes \\u escapes
+    if b"null" in text and _non_finite(value):
+        return digest(value)  # orjson writes NaN and Infinity as null; json refuses them
     return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
@@ -177,6 +159,29 @@ class _StateDigest:
         except (TypeError, ValueError):  # orjson: an integer beyond 64 bits
             text = _stdlib_sorted_json(state)
         return self.of_text(text)
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` (JSON-like) holds a NaN or an infinite float anywhere."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def _finite_floats(state: Mapping[str, Any]) -> bool:
+    """Whether every float of a row's state (a value, or one in a list such as a range) is
+    finite: orjson writes NaN and Infinity as null, so a row with one is compared exactly."""
+    for value in state.values():
+        if value.__class__ is float:
+            if value - value != 0.0:
+                return False
+        elif value.__class__ is list and _non_finite(value):
+            return False
+    return True
 
 
 def _randomized_hashes() -> bool:
@@ -612,6 +617,8 @@ class _TableDigests:
         for i, (row, shape) in enumerate(zip(rows, shapes, strict=True)):
             try:
                 full = state_of(make(self._converted(row)), _fast_digest)
+                if not _finite_floats(full):
+                    raise ValueError("a non-finite float, which the audit log cannot hold")
                 whole = self._whole.get(shape)
                 if whole is None:
                     whole = self._whole[shape] = fields[shape] == tuple(full)
@@ -874,7 +881,9 @@ class _Forked(Generic[_T]):
         return value
 
     def cancel(self) -> None:
-        self._process.terminate()
+        """Stop the process if it still runs (safe after :meth:`result`)."""
+        if self._process.is_alive():
+            self._process.terminate()
         self._process.join()
         self._receiver.close()
 
@@ -1002,11 +1011,12 @@ def _verify_in_two(
         path = os.path.join(folder, "upper.npz")
         upper = _Forked(lambda: _upper_events(shared, key, split, path))
         chain = _Chain(0, GENESIS)
-        problem = _walk(source, chain, logged, upto=split)
-        if problem is not None:
-            upper.cancel()
-        else:
-            found = upper.result()
+        try:
+            problem = _walk(source, chain, logged, upto=split)
+            found = None if problem is not None else upper.result()
+        finally:
+            upper.cancel()  # stopped, whatever happened here (nothing to do after a result)
+        if problem is None:
             if found is None:
                 _alone("the events after the split")
                 problem = _walk(source, chain, logged)
@@ -1020,8 +1030,11 @@ def _verify_in_two(
     logged.compact()
     splits = {t: _median(logged.tables[t].ids) for t in COVERED_TABLES}
     second = _Forked(lambda: _upper_tables(shared, logged, splits))
-    lower = _compare_tables(source, logged, high=splits)
-    higher = second.result()
+    try:
+        lower = _compare_tables(source, logged, high=splits)
+        higher = second.result()
+    finally:
+        second.cancel()
     if higher is None:
         _alone("the upper half of each table")
         higher = _compare_tables(source, logged, low=splits)

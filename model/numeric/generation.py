@@ -10,10 +10,10 @@ features) and keeps the KV cache; then each step feeds one embedding per row:
 - other rows feed their token's embedding; rows that already emitted EOS feed ``pad_id`` with
   attention mask 0, so they no longer influence anything and their later tokens are padding.
 
-Greedy generation without recorded logits drops the rows that finished from the model's batch
-(their key-value rows too): the rest of a call costs what its unfinished rows cost. The
-key-value cache is allocated once per call (``model.numeric.kv_cache``): each step writes its
-keys and values in place instead of copying the cache.
+Greedy generation without recorded logits or a logits processor drops the rows that finished
+from the model's batch (their key-value rows too): the rest of a call costs what its unfinished
+rows cost. The key-value cache is allocated once per call (``model.numeric.kv_cache``): each
+step writes its keys and values in place instead of copying the cache.
 
 Only the rows that chose [NUM] are decoded. Positions continue at ``max(last position) + 1`` per
 row (1-D, or all three components of Qwen2.5-VL's multimodal rope), which reproduces the

@@ -119,6 +119,26 @@ def test_a_tampered_field_is_named(filled: Store) -> None:
     )
 
 
+def test_a_logged_null_set_to_infinity_is_named(filled: Store) -> None:
+    """orjson writes a non-finite float as null: a null in the log and Infinity in the table
+    must still differ (such a row is compared exactly)."""
+    infinity = "9e999" if filled.backend == "sqlite" else "'Infinity'::float8"
+    with filled.engine.begin() as connection:
+        row = connection.execute(
+            text("SELECT min(id) FROM measurements WHERE reviewed_value_mm IS NULL")
+        ).scalar_one()
+        connection.execute(
+            text(f"UPDATE measurements SET reviewed_value_mm = {infinity} WHERE id = {row}")
+        )
+    report = _both(filled)
+    assert not report.ok
+    assert (report.table, report.row_id, report.field) == (
+        "measurements",
+        row,
+        "reviewed_value_mm",
+    )
+
+
 @pytest.mark.usefixtures("small_batches")
 def test_a_field_changed_in_a_reviewed_row_is_compared_with_its_last_state(filled: Store) -> None:
     """The measurement reviewed twice: its first state differs from the table, its last does
