@@ -10,7 +10,8 @@ idempotently, and say what could not be used and why (README "Batch processing")
    No pixel is read.
 4. **Load** the chosen series in worker processes (``app.batch_worker``), a bounded number of
    studies ahead of
-5. **measure** (in this process) and **store** (``app.batch_measure``): one transaction per
+5. **measure** and **store** (``app.batch_measure``), in this process or, on a machine without a
+   GPU, in measuring processes of one torch thread each (``app.batch_pool``): one transaction per
    study, so a batch killed at any moment leaves whole studies or nothing. A study found in the
    store after loading (same input fingerprint) is not measured again.
 
@@ -49,6 +50,7 @@ from app.batch_measure import (
     measure_and_store_study,
     unexpected,
 )
+from app.batch_pool import MeasuringPool, MeasuringSetup, measuring_processes
 from app.batch_report import write_report
 from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch_worker import LoadOutline, StudyJob, StudyLoad, load_study, start_worker
@@ -57,7 +59,7 @@ from app.threads import torch_threads, usable_cpus
 from db.engine import Store
 from db.review import CorrectionLimits
 from ingestion.catalog import FileRecord, FileStatus
-from ingestion.errors import ConfigurationError, NothingToExportError, StorageError
+from ingestion.errors import ConfigurationError, ModelError, NothingToExportError, StorageError
 from ingestion.selection import Note, NoteKind, SelectionRules, StudyPlan, plan_study
 from ingestion.work_index import ScanCounts, WorkIndex, read_headers_here
 
@@ -110,6 +112,8 @@ class BatchOptions:
     work_dir: Path
     rules: SelectionRules = field(default_factory=SelectionRules)
     workers: int = 1  # loader processes; 0 loads in this process
+    # processes that measure (local engine); 1: this process; None: app.batch_pool decides
+    measurers: int | None = None
     export_sr: Path | None = None
     report: Path | None = None  # FILE: FILE.json and FILE.csv (app.batch_report)
     organization: str = "radcaliper"
@@ -121,6 +125,12 @@ class BatchOptions:
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if self.measurers is not None and (
+            isinstance(self.measurers, bool)
+            or not isinstance(self.measurers, int)
+            or self.measurers < 1
+        ):
+            raise ValueError(f"measurers must be an integer >= 1, got {self.measurers!r}")
 
 
 @dataclass
@@ -316,13 +326,17 @@ class BatchEngine(Protocol):
 
 
 class LocalEngine:
-    """Loads in ``workers`` processes of this machine (0: in this process) while this process
-    measures and stores, a bounded number of studies ahead.
+    """Loads in ``workers`` processes of this machine (0: in this process) and measures and
+    stores in this process or in measuring processes (``app.batch_pool``), a bounded number of
+    studies ahead.
 
-    The first study to measure loads a :class:`~app.batch_measure.DeferredMeasurer`'s model
-    (a ``ModelError`` then stops the batch: no study could be measured) and gives torch the
-    CPUs the loaders leave (:func:`inference_threads`) until :meth:`close`. A batch whose
-    studies are all stored imports neither torch nor the model."""
+    The first study to measure decides where it is measured (``BatchOptions.measurers``, else
+    :func:`~app.batch_pool.measuring_processes`). In this process, a
+    :class:`~app.batch_measure.DeferredMeasurer` loads its model then (a ``ModelError`` stops
+    the batch: no study could be measured) and torch gets the CPUs the loaders leave
+    (:func:`inference_threads`) until :meth:`close`; a measuring process loads the model at its
+    first study (its ``ModelError`` stops the batch the same way). A batch whose studies are
+    all stored imports neither torch nor the model."""
 
     def __init__(self, options: BatchOptions, store: Store, measurer: Any) -> None:
         self.options = options
@@ -331,12 +345,17 @@ class LocalEngine:
         self.pool: ProcessPoolExecutor | None = None
         self.pending: dict[Future[StudyLoad], int] = {}
         self.loads: dict[int, StudyLoad] = {}
+        self.measurers: MeasuringPool | None = None
+        self.measuring: dict[Future[StudyStored], int] = {}
+        self.processes = options.measurers  # where studies are measured, once decided
         self.ready: collections.deque[Loaded | MeasuredStudy] = collections.deque()
         self.threads: contextlib.ExitStack | None = None  # torch's threads, set while measuring
 
     @property
     def capacity(self) -> int:
-        return max(1, 2 * self.options.workers)
+        loading = max(1, 2 * self.options.workers)
+        measuring = self.processes or 1  # one study measured in this process, else each's
+        return loading if measuring == 1 else loading + measuring
 
     scan_chunk = 1
 
@@ -360,12 +379,16 @@ class LocalEngine:
         self.pending[self.pool.submit(load_study, job)] = key
 
     def measure(self, key: int, series: tuple[int, ...]) -> None:
-        measurer = self._measurer()
         load = self.loads.pop(key)
+        chosen = tuple(load.loaded[i] for i in series)
+        pool = self._pool()
+        if pool is not None:
+            self.measuring[pool.submit(chosen)] = key
+            return
         stored = measure_and_store_study(
-            measurer,
+            self._measurer(),
             self.store,
-            [load.loaded[i] for i in series],
+            chosen,
             actor=self.options.actor,
             pseudonym_key=self.options.pseudonym_key,
         )
@@ -376,8 +399,12 @@ class LocalEngine:
 
     def next_event(self) -> Loaded | MeasuredStudy:
         if not self.ready:
-            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+            running: list[Future[Any]] = [*self.pending, *self.measuring]
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
+                if future in self.measuring:
+                    self._measured(self.measuring.pop(future), future)
+                    continue
                 key = self.pending.pop(future)
                 try:
                     self._loaded(key, future.result())
@@ -396,9 +423,52 @@ class LocalEngine:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+        if self.measurers is not None:
+            self.measurers.close()
+            self.measurers = None
         if self.threads is not None:
             self.threads.close()
             self.threads = None
+
+    def _pool(self) -> MeasuringPool | None:
+        """The measuring processes (started at the first study), or None: this process
+        measures."""
+        if self.processes is None:
+            directory = getattr(self.measurer, "directory", None)
+            self.processes = measuring_processes(self.options.workers, directory, self.store.url)
+        if self.processes == 1:
+            return None
+        if self.measurers is None:
+            setup = MeasuringSetup(
+                model_dir=Path(self.measurer.directory),
+                checkpoint_hash=self.measurer.checkpoint_hash,
+                db_url=self.store.url,
+                actor=self.options.actor,
+                pseudonym_key=self.options.pseudonym_key,
+                level=logging.getLogger().getEffectiveLevel(),
+            )
+            self.measurers = MeasuringPool(self.processes, setup)
+        return self.measurers
+
+    def _measured(self, key: int, future: Future[StudyStored]) -> None:
+        """A measuring process's study: stored, or why not. Its ``ModelError`` (the model did
+        not load there) stops the batch, as in this process."""
+        try:
+            self.ready.append(MeasuredStudy(key, future.result()))
+        except ModelError:
+            raise
+        except BrokenProcessPool:
+            if self.measurers is not None:
+                self.measurers.close(wait=False)
+                self.measurers = None
+            reason = (
+                "the measuring process died (out of memory?) while measuring this study; run "
+                "the batch again to retry it"
+            )
+            self.ready.append(MeasuredStudy(key, None, reason))
+        except Exception as exc:  # a bug: report it, go on
+            logger.debug("measuring a study failed", exc_info=exc)
+            self.ready.append(MeasuredStudy(key, None, f"while measuring: {unexpected(exc)}"))
 
     def _measurer(self) -> Any:
         """The model, loaded the first time a study is measured, with torch's threads set."""

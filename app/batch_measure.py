@@ -67,9 +67,16 @@ class DeferredMeasurer:
     :meth:`load` loads the model (once); ``ModelError`` when it cannot.
     """
 
-    def __init__(self, info: ModelInfo, checkpoint_hash: str, load: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        checkpoint_hash: str,
+        load: Callable[[], Any],
+        directory: Path | None = None,
+    ) -> None:
         self.info = info
         self.checkpoint_hash = checkpoint_hash
+        self.directory = directory  # where a measuring process loads the model from
         self._load = load
         self._measurer: Any = None
 
@@ -87,7 +94,7 @@ class DeferredMeasurer:
 
             return CheckpointMeasurer.load(directory)
 
-        return cls(info, checkpoint_hash(directory), load)
+        return cls(info, checkpoint_hash(directory), load, directory.resolve())
 
     def load(self) -> Any:
         """The measurer, loaded on the first call (``ModelError`` when it cannot be)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -143,12 +145,29 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(0)
 
 
+def _killed_with_parent() -> None:
+    """Linux: the kernel sends this process SIGKILL when the batch process dies, so that a
+    measuring process stores nothing after a killed batch (elsewhere the poll in
+    :func:`_exit_with_parent` ends it within half a second)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl in this C library: the poll stays
+        logger.debug("prctl(PR_SET_PDEATHSIG) is not available")
+
+
 def start_worker(parent: int, log_level: int = logging.WARNING) -> None:
-    """Process-pool initializer: leave Ctrl-C to the batch (which stops the pool), exit when the
+    """Process-pool initializer: leave Ctrl-C to the batch (which stops the pool), end when the
     batch process is gone, so that a killed batch leaves no workers behind, and log as the batch
     does (a spawned process starts without logging set up: its warnings would be bare lines)."""
     from app.logs import configure_logging
 
     configure_logging(logging.getLevelName(log_level))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _killed_with_parent()
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

@@ -101,10 +101,21 @@ def batch(
         typer.Option(
             "--workers",
             min=0,
-            help="Local engine: processes that load studies while this one measures (default: "
-            "half the CPUs, 1 to 8; 0 loads in this process); inference gets the other CPUs. "
+            help="Local engine: processes that load studies while others measure (default: "
+            "half the CPUs, 1 to 8; 0 loads in this process). "
             "Ray engine: measuring workers, each with the model loaded once (default: one per "
             "--gpus-per-worker GPUs, else half the cluster's CPUs).",
+        ),
+    ] = None,
+    measurers: Annotated[
+        int | None,
+        typer.Option(
+            "--measurers",
+            min=1,
+            help="Local engine: processes that measure and store, each with the model loaded "
+            "and one torch thread (1: this process, with the CPUs the loaders leave). Default: "
+            "1 with a GPU, else one per CPU less the loaders beyond the first, as many as half "
+            "the available memory holds.",
         ),
     ] = None,
     engine: Annotated[
@@ -197,7 +208,8 @@ def batch(
     Every file's header is indexed on disk (memory does not grow with the tree); per study one
     series is chosen (CT, at least --min-slices slices, no localizers, derived images or
     secondary captures; axial first, then the thinnest reconstruction), loaded in worker
-    processes while this process measures, and stored in one transaction per study. A re-run
+    processes while measuring processes (see --measurers) measure it, and stored in one
+    transaction per study. A re-run
     skips what is stored for the same model and input, so a killed batch resumes where it
     stopped. With --engine ray the same batch runs on a Ray cluster (every node sees ROOT, the
     model and the database at the same addresses; PostgreSQL on more than one node). Exit
@@ -214,6 +226,13 @@ def batch(
     if engine is Engine.LOCAL and (address is not None or gpus_per_worker):
         err.print(
             "[red]error:[/red] --address and --gpus-per-worker are options of --engine ray",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_NOTHING)
+    if engine is Engine.RAY and measurers is not None:
+        err.print(
+            "[red]error:[/red] --measurers is an option of --engine local (with --engine ray, "
+            "--workers sets the measuring workers)",
             highlight=False,
         )
         raise typer.Exit(EXIT_NOTHING)
@@ -238,6 +257,7 @@ def batch(
         work_dir=work or default_work_dir(settings.data_dir, root),
         rules=rules,
         workers=default_workers() if workers is None or engine is Engine.RAY else workers,
+        measurers=measurers,
         export_sr=export_sr,
         report=report,
         organization=organization,

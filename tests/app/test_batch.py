@@ -4,7 +4,8 @@ per study with a report of every rejected file and skipped series (exit 1); a re
 nothing and reads no header again; a batch killed with SIGKILL half way and resumed ends with the
 same rows as an uninterrupted one. With the bundled demo model, on SQLite and PostgreSQL.
 
-The 8-study scenario (the fewest the tree takes) runs in CI; the issue's 200-study scenario is the same code, marked slow.
+The 8-study scenario (the fewest the tree takes) runs in CI; the issue's 200-study scenario is
+the same code, marked slow.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +30,7 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner, Result
 
 from app.batch import BatchOptions, run_batch
+from app.batch_pool import measuring_processes, process_memory_bytes
 from app.batch_report import report_paths
 from app.cli import app
 from db.engine import Store, open_store
@@ -377,6 +380,7 @@ def test_inference_gets_the_cpus_the_loaders_leave_and_the_threads_are_restored(
         work_dir=tmp_path / "work",
         rules=SelectionRules(min_slices=5),
         workers=1,
+        measurers=1,  # in this process
     )
     assert run_batch(options, store=sqlite_store, measurer=measurer).stored == 1
     assert seen == [2]  # 3 CPUs, 1 loader
@@ -409,7 +413,11 @@ def test_a_database_failure_stops_the_batch_and_keeps_the_report(
 
     monkeypatch.setattr("app.batch_measure.store_study", broken)
     options = BatchOptions(
-        root=tmp_path / "tree", work_dir=tmp_path / "work", workers=0, report=tmp_path / "r"
+        root=tmp_path / "tree",
+        work_dir=tmp_path / "work",
+        workers=0,
+        measurers=1,  # in this process, where store_study is broken
+        report=tmp_path / "r",
     )
     summary = run_batch(options, store=sqlite_store, measurer=measurer)
     assert summary.aborted == "database: disk I/O error" and summary.exit_code == 2
@@ -431,12 +439,62 @@ def test_ctrl_c_stops_cleanly_and_a_re_run_resumes(
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(measurer, "measure", interrupted)
-    options = BatchOptions(root=tmp_path / "tree", work_dir=tmp_path / "work", workers=1)
+    options = BatchOptions(
+        root=tmp_path / "tree", work_dir=tmp_path / "work", workers=1, measurers=1
+    )
     stopped = run_batch(options, store=sqlite_store, measurer=measurer)
     assert stopped.interrupted and stopped.stored == 1 and stopped.exit_code == 1
     monkeypatch.setattr(measurer, "measure", measure)
     resumed = run_batch(options, store=sqlite_store, measurer=measurer)
     assert (resumed.already_stored, resumed.stored, resumed.exit_code) == (1, 2, 0)
+
+
+def test_measuring_processes_store_what_this_process_stores(
+    tmp_path: Path,
+    store_factory: Callable[[], Store],
+    measurer: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two measuring processes (``app.batch_pool``), each storing its studies itself, leave the
+    rows the batch process leaves when it measures alone."""
+    write_phantoms(tmp_path / "tree", n=3, seed=12, spec=SMALL)
+    rows = []
+    for measurers in (1, 2):
+        store = store_factory()
+        options = BatchOptions(
+            root=tmp_path / "tree",
+            work_dir=tmp_path / f"work-{measurers}",
+            workers=1,
+            measurers=measurers,
+        )
+        with caplog.at_level(logging.INFO, logger="app.batch_pool"):
+            done = run_batch(options, store=store, measurer=measurer)
+        assert (done.stored, done.failed, done.exit_code) == (3, 0, 0)
+        rows.append(stored_rows(store))
+    assert caplog.text.count("measuring in 2 processes") == 1  # not in the first batch
+    assert rows[0] == rows[1]
+
+
+def test_measuring_processes_follow_the_cpus_and_the_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model.measurer.checkpoint import default_checkpoint
+
+    model = default_checkpoint()
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    monkeypatch.setattr("app.batch_pool.available_memory", lambda: 64 << 30)
+    monkeypatch.setattr("app.batch_pool.usable_cpus", lambda: 2)
+    assert measuring_processes(1, model, url) == 2  # the loader waits most of the time
+    assert measuring_processes(0, model, url) == 2
+    assert measuring_processes(2, model, url) == 1
+    monkeypatch.setattr("app.batch_pool.usable_cpus", lambda: 16)
+    assert measuring_processes(8, model, url) == 9
+    monkeypatch.setattr("app.batch_pool.available_memory", lambda: 5 * process_memory_bytes(model))
+    assert measuring_processes(8, model, url) == 2  # half the memory holds two
+    assert measuring_processes(1, None, url) == 1  # no directory to load the model from
+    assert measuring_processes(1, model, "sqlite://") == 1  # a database only this process has
+    with pytest.raises(ValueError, match="measurers must be an integer >= 1, got 0"):
+        BatchOptions(root=tmp_path, work_dir=tmp_path, measurers=0)
 
 
 def test_a_re_run_with_every_study_stored_loads_no_model(

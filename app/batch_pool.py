@@ -1,0 +1,177 @@
+"""Measuring processes for the local batch engine (``app.batch.LocalEngine``).
+
+On a machine without a GPU, single-threaded processes that each hold the model measure more
+studies per hour than one process with as many threads: the demo's matrices are too small for
+torch's threads to pay off, and two such processes on 2 cores measured 1.7 times the studies of
+one (benchmarks/RESULTS.md). :func:`measuring_processes` says how many a batch starts:
+
+- one (the batch process itself measures) with a GPU, or when the model has no directory a
+  process could load it from, or the database is an in-memory SQLite one;
+- else one per CPU, less the loader processes beyond the first (a loader waits for a free slot
+  most of the time), and no more than half the available memory holds.
+
+A :class:`MeasuringPool` starts them (spawned, each exits when the batch process is gone) when
+the first study needs measuring; each loads the model and opens the database at its first
+study, measures with one torch thread and stores the study itself (one transaction per study,
+as in the batch process; SQLite queues the writers, PostgreSQL locks the audit head).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.batch_measure import StudyStored, measure_and_store_study
+from app.batch_worker import LoadedSeries, start_worker
+from app.threads import usable_cpus
+from ingestion.errors import ModelError
+
+if TYPE_CHECKING:
+    from db.engine import Store
+    from model.measurer.pipeline import CheckpointMeasurer
+
+__all__ = [
+    "MeasuringPool",
+    "MeasuringSetup",
+    "available_memory",
+    "measuring_processes",
+    "process_memory_bytes",
+]
+
+logger = logging.getLogger(__name__)
+
+_PROCESS_BASE_BYTES = 3 << 29  # 1.5 GiB: torch, transformers and MONAI imported, activations
+_MEMORY_SHARE = 0.5  # of the available memory, for all measuring processes together
+
+
+@dataclass(frozen=True)
+class MeasuringSetup:
+    """What a measuring process needs: the model it loads (checked against the batch's by its
+    checkpoint hash), the database it stores into and the audit actor."""
+
+    model_dir: Path
+    checkpoint_hash: str
+    db_url: str
+    actor: str
+    pseudonym_key: str | None
+    level: int  # the batch's logging level
+
+
+def process_memory_bytes(model_dir: Path) -> int:
+    """What one measuring process may hold: a fixed base and its weights' files twice (the
+    loaded tensors and what loading them touches)."""
+    weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    weights += sum(p.stat().st_size for p in model_dir.glob("*.bin"))
+    return _PROCESS_BASE_BYTES + 2 * weights
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def measuring_processes(workers: int, model_dir: Path | None, db_url: str) -> int:
+    """How many processes measure (module doc); 1 means the batch process itself. Imports
+    torch (to ask for a GPU): call it when a study needs measuring."""
+    if model_dir is None or _in_memory(db_url):
+        return 1
+    import torch
+
+    if torch.cuda.is_available():
+        return 1
+    cpus = usable_cpus()
+    by_cpus = max(1, min(cpus, cpus - workers + 1))
+    available = available_memory()
+    if available is None:
+        return by_cpus
+    by_memory = int(available * _MEMORY_SHARE) // process_memory_bytes(model_dir)
+    return max(1, min(by_cpus, by_memory))
+
+
+def _in_memory(db_url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+class MeasuringPool:
+    """``processes`` spawned processes that measure and store studies (module doc)."""
+
+    def __init__(self, processes: int, setup: MeasuringSetup) -> None:
+        self.processes = processes
+        self._executor = ProcessPoolExecutor(
+            max_workers=processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start,
+            initargs=(os.getpid(), setup),
+        )
+        logger.info("measuring in %d processes of one torch thread each", processes)
+
+    def submit(self, series: tuple[LoadedSeries, ...]) -> Future[StudyStored]:
+        """Measure and store these series of one study in a measuring process."""
+        return self._executor.submit(_measure, series)
+
+    def close(self, *, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+
+# --- in a measuring process ---------------------------------------------------------------
+
+
+@dataclass
+class _Process:
+    setup: MeasuringSetup
+    measurer: CheckpointMeasurer | None = None
+    store: Store | None = None
+
+
+_process: _Process | None = None
+
+
+def _start(parent: int, setup: MeasuringSetup) -> None:
+    """Process-pool initializer: as a loader (``start_worker``), and remember the setup."""
+    global _process
+    start_worker(parent, setup.level)
+    _process = _Process(setup)
+
+
+def _measure(series: tuple[LoadedSeries, ...]) -> StudyStored:
+    if _process is None:
+        raise RuntimeError("a measuring process was not started by MeasuringPool")
+    setup = _process.setup
+    if _process.measurer is None or _process.store is None:
+        import torch
+        from transformers.utils import logging as transformers_logging
+
+        from db.engine import open_store
+        from model.measurer.pipeline import CheckpointMeasurer
+
+        torch.set_num_threads(1)
+        transformers_logging.disable_progress_bar()  # a "Loading weights" bar per process
+        measurer = CheckpointMeasurer.load(setup.model_dir)
+        if measurer.checkpoint_hash != setup.checkpoint_hash:
+            raise ModelError(
+                f"the checkpoint at {setup.model_dir} changed while the batch ran (its hash is "
+                f"not the one the batch started with); run the batch again"
+            )
+        _process.measurer, _process.store = measurer, open_store(setup.db_url)
+    return measure_and_store_study(
+        _process.measurer,
+        _process.store,
+        list(series),
+        actor=setup.actor,
+        pseudonym_key=setup.pseudonym_key,
+    )
