@@ -85,13 +85,15 @@ def _role(pid: int, batch: int) -> str:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return "gone"
+    if not command:  # exiting (a zombie has no command line)
+        return "gone"
     if "ray::MeasuringWorker" in command:
         return "ray measuring worker"
     if command.startswith("ray::"):
         return "ray task worker"
     if "multiprocessing" in command:
-        return "loader"
-    return "ray service"
+        return "pool process (loader or measuring)"
+    return "ray service" if "ray" in command else "other"
 
 
 def _by_role(sampler: _Sampler) -> dict[str, list[int]]:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| inference (fastest of {args.repeats}) | | {best:.3f} |")
     ratio = best / floor
     verdict = "MET" if ratio <= TARGET else "MISSED"
-    print(f"\n{ratio:.1f} x the floor (target <= {TARGET:g} x): {verdict}")
+    print(f"\n{ratio:.2f} x the floor (target <= {TARGET:g} x): {verdict}")
     print(f"runs: {', '.join(f'{t:.2f}' for t in times)} s; load after: {load()}")
     return 0
 

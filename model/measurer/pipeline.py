@@ -57,6 +57,7 @@ from model.measurer.tasks import ParsedMeasure, parse_point
 from model.measurer.tokenizer import special_ids
 from model.numeric.generation import TokenAutomaton
 from model.numeric.hf import NumericLM
+from model.numeric.patch_embed import linear_patch_projections
 
 __all__ = ["CheckpointMeasurer", "InferenceOptions"]
 
@@ -90,6 +91,7 @@ class CheckpointMeasurer:
             head.to(self.device)
         ids = special_ids(loaded.tokenizer)
         self.ids = ids
+        linear_patch_projections(model)  # the same weights, 2-3 x faster on a CPU
         self.lm = NumericLM(model, loaded.head, ids["num"] if head is not None else None).eval()
         self.stages: tuple[InferenceStage, ...] = (
             default_stages(loaded.settings) if stages is None else tuple(stages)
