@@ -4,7 +4,7 @@ memory as the tree grows (issue 9).
 Usage (from the repository root, in the project's virtualenv)::
 
     python benchmarks/bench_batch.py [--studies 200,1000] [--spec full|small] [--workers N]
-                                     [--engines local,ray:1,ray:2] [--cores 0,1] [--data DIR]
+                                     [--engines local,local:1,ray:2] [--cores 0,1] [--data DIR]
                                      [--json FILE]
 
 For each tree size N (written once under ``--data``, default ``benchmarks/data/batch``, and
@@ -18,8 +18,9 @@ slices; ``small``: 128 x 128 x 20-24, for quick runs), each study a DICOM series
 2. The same command again: nothing new is stored; its wall time.
 
 ``--engines`` runs the same tree on each engine in turn: ``local`` (with ``--workers`` loader
-processes) and ``ray:K`` (``--engine ray --workers K``: a Ray instance started by the batch on
-this machine, K measuring workers; issue 25).
+processes and the default measuring processes), ``local:K`` (``--measurers K``; ``local:1``
+measures in the batch process) and ``ray:K`` (``--engine ray --workers K``: a Ray instance
+started by the batch on this machine, K measuring workers; issue 25).
 
 Memory: the child's process tree (the batch and its loader processes; with Ray, the Ray
 instance it starts and its workers) is sampled every 0.1 s from ``/proc``; the table gives the
@@ -181,8 +182,10 @@ def bench(n: int, args: argparse.Namespace, engine: str = "local") -> dict[str, 
         capture_output=True,
     )
     command = [sys.executable, "-m", "app.cli", "batch", str(root), "--db", url]
-    if engine == "local":
+    if engine.startswith("local"):
         command += ["--work", str(work / "work"), "--workers", str(args.workers)]
+        if ":" in engine:
+            command += ["--measurers", engine.removeprefix("local:")]
     else:
         command += ["--work", str(work / "work"), "--engine", "ray"]
         command += ["--workers", engine.removeprefix("ray:")]
@@ -214,6 +217,14 @@ def bench(n: int, args: argparse.Namespace, engine: str = "local") -> dict[str, 
     }
 
 
+def _engine_label(engine: str) -> str:
+    if engine == "local":
+        return "local (default measurers)"
+    if engine.startswith("local:"):
+        return f"local, {engine[6:]} measuring process(es)"
+    return f"ray, {engine[4:]} worker(s)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--studies", default="200,1000", help="tree sizes, comma-separated")
@@ -222,7 +233,8 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         default="local",
-        help="engines to compare on each tree: local, ray:K (K measuring workers); "
+        help="engines to compare on each tree: local, local:K (K measuring processes), "
+        "ray:K (K measuring workers); "
         "comma-separated (default local)",
     )
     parser.add_argument("--cores", default=None, help="taskset CPU list, e.g. 0,1")
@@ -250,7 +262,7 @@ def main() -> None:
             f"{role} {' + '.join(str(m) for m in peaks)}"
             for role, peaks in first["peaks_by_role_mib"].items()
         )
-        engine = r["engine"] if r["engine"] == "local" else f"ray, {r['engine'][4:]} worker(s)"
+        engine = _engine_label(r["engine"])
         print(
             f"| {r['studies']} ({r['spec']}) | {engine} | {r['files']} | {r['stored']} (failed "
             f"{r['failed']}) | {r['batch_s']:.0f} s | {r['studies_per_hour']:,.0f} | "

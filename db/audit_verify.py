@@ -58,6 +58,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 from sqlalchemy import JSON, Column, DateTime, Table, func, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from db.audit import GENESIS, UnknownHeadError, VerifyReport, event_hash
@@ -119,18 +120,17 @@ def _load_json(text: str) -> Any:
 
 
 def _fast_digest(value: Any) -> str:
-    """:func:`db.coverage.digest` through orjson. Where orjson spells the value differently from
-    ``json.dumps`` (floats under 1e-4, text with DEL) the result differs from the stored digest
-    and the row is compared exactly; an equal result means the very text the stored digest
-    hashed, so the value is the logged one."""
+    """:func:`db.coverage.digest` through orjson, of a text or a JSON column's value as
+    :func:`_finite_json` reads it (no NaN or infinite float, which orjson would write as null).
+    Where orjson spells the value differently from ``json.dumps`` (floats under 1e-4, text with
+    DEL) the result differs from the stored digest and the row is compared exactly; an equal
+    result means the very text the stored digest hashed, so the value is the logged one."""
     try:
         text = _sorted_json(value)
     except (TypeError, ValueError):
         return digest(value)
     if not text.isascii():
         return digest(value)  # orjson writes UTF-8 where json writes \\u escapes
-    if b"null" in text and _non_finite(value):
-        return digest(value)  # orjson writes NaN and Infinity as null; json refuses them
     return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
@@ -174,13 +174,20 @@ def _non_finite(value: Any) -> bool:
 
 def _finite_floats(state: Mapping[str, Any]) -> bool:
     """Whether every float of a row's state (a value, or one in a list such as a range) is
-    finite: orjson writes NaN and Infinity as null, so a row with one is compared exactly."""
+    finite: orjson writes NaN and Infinity as null, so a row with one is compared exactly.
+    (The values of JSON columns were checked when they were read: :func:`_finite_json`.)"""
     for value in state.values():
-        if value.__class__ is float:
+        kind = value.__class__
+        if kind is float:
             if value - value != 0.0:
                 return False
-        elif value.__class__ is list and _non_finite(value):
-            return False
+        elif kind is list:
+            for item in value:
+                if item.__class__ is float:
+                    if item - item != 0.0:
+                        return False
+                elif item is not None and item.__class__ is not int and _non_finite(item):
+                    return False
     return True
 
 
@@ -249,19 +256,33 @@ class _Source:
     def converter(self, column: Column[Any]) -> Callable[[Any], Any] | None:
         """How a stored value becomes what the ORM reads; None: as it is. PostgreSQL's driver
         gives datetimes and parsed JSON already; SQLite gives text: datetimes go through the
-        parser SQLAlchemy uses, JSON through :func:`_load_json`."""
+        parser SQLAlchemy uses. JSON goes through :func:`_finite_json` on either."""
+        if isinstance(column.type, JSON):
+            return _finite_json
         if self.postgres:
             return None
-        if isinstance(column.type, JSON):
-            return _json_value
         if isinstance(column.type, DateTime):
             processor = column.type.dialect_impl(self.dialect).result_processor(self.dialect, None)
             return processor
         return None
 
 
-def _json_value(value: Any) -> Any:
-    return _load_json(value) if isinstance(value, str) else value
+def _finite_json(value: Any) -> Any:
+    """A JSON column's value as the ORM reads it (SQLite stores the text), refused
+    (``ValueError``: the row is then compared exactly) when it holds a NaN or an infinite float
+    anywhere, which orjson would digest as null. What orjson reads has none: it refuses NaN and
+    Infinity and numbers beyond a double; anything else is checked."""
+    if isinstance(value, str):
+        data = value.encode()
+        if _NINETEEN_ZEROS not in data.translate(_DIGITS_AS_ZEROS):
+            try:
+                return _fast_loads(data)
+            except ValueError:
+                pass
+        value = json.loads(value)
+    if value is not None and _non_finite(value):
+        raise ValueError("a non-finite float, which the audit log cannot hold")
+    return value
 
 
 def _table(table: str) -> Table:
@@ -832,6 +853,8 @@ def _share(session: Session) -> _Shared | None:
     bind = session.get_bind()
     url = bind.engine.url.render_as_string(hide_password=False)
     if bind.dialect.name != "postgresql":
+        if bind.engine.url.database in (None, "", ":memory:"):
+            return None  # a database only this process has
         return _Shared(url, None, _head(session))
     level = session.connection().get_isolation_level()
     if level not in ("REPEATABLE READ", "SERIALIZABLE"):
@@ -862,12 +885,16 @@ def _shared_source(shared: _Shared) -> Iterator[_Source | None]:
 
 class _Forked(Generic[_T]):
     """``work()`` in a forked process; :meth:`result` is its return value, or None when it
-    failed (the caller then does the work itself)."""
+    failed (the caller then does the work itself). The child leaves the connections of the
+    parent's ``engine`` to the parent (SQLAlchemy's rule for a forked process) and opens its
+    own."""
 
-    def __init__(self, work: Callable[[], _T | None]) -> None:
+    def __init__(self, work: Callable[[], _T | None], engine: Engine) -> None:
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_send_result, args=(work, sender), daemon=True)
+        self._process = context.Process(
+            target=_send_result, args=(work, sender, engine), daemon=True
+        )
         self._process.start()
         sender.close()
 
@@ -888,7 +915,8 @@ class _Forked(Generic[_T]):
         self._receiver.close()
 
 
-def _send_result(work: Callable[[], Any], sender: Connection) -> None:
+def _send_result(work: Callable[[], Any], sender: Connection, engine: Engine) -> None:
+    engine.dispose(close=False)  # the parent's pooled connections are not this process's
     try:
         value = work()
     except Exception:  # the first process does the work itself
@@ -899,7 +927,8 @@ def _send_result(work: Callable[[], Any], sender: Connection) -> None:
 
 
 def _can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Linux only: elsewhere (macOS) forking a process that loaded system libraries is unsafe."""
+    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
 
 
 @dataclass
@@ -1009,7 +1038,8 @@ def _verify_in_two(
     key = logged.state_digest.key
     with tempfile.TemporaryDirectory(prefix="radcaliper-verify-") as folder:
         path = os.path.join(folder, "upper.npz")
-        upper = _Forked(lambda: _upper_events(shared, key, split, path))
+        engine = source.session.get_bind().engine
+        upper = _Forked(lambda: _upper_events(shared, key, split, path), engine)
         chain = _Chain(0, GENESIS)
         try:
             problem = _walk(source, chain, logged, upto=split)
@@ -1029,7 +1059,7 @@ def _verify_in_two(
         return report
     logged.compact()
     splits = {t: _median(logged.tables[t].ids) for t in COVERED_TABLES}
-    second = _Forked(lambda: _upper_tables(shared, logged, splits))
+    second = _Forked(lambda: _upper_tables(shared, logged, splits), engine)
     try:
         lower = _compare_tables(source, logged, high=splits)
         higher = second.result()

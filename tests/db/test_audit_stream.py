@@ -10,6 +10,7 @@ import math
 import random
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from db.coverage import digest
 from db.engine import Store
 from db.models import Measurement, ReviewAction, User
 from db.review import review_measurement
+from db.store import RunIdentity, input_fingerprint, store_result
 from ingestion.volume import Volume
 
 from db_helpers import as_attacker as _as_attacker
@@ -137,6 +139,32 @@ def test_a_logged_null_set_to_infinity_is_named(filled: Store) -> None:
         row,
         "reviewed_value_mm",
     )
+
+
+def test_a_null_in_a_json_column_set_to_infinity_is_named(filled: Store, volume: Volume) -> None:
+    """The same inside a JSON column: 1e999 is valid JSON that reads as Infinity (SQLite's text
+    and PostgreSQL's json alike), which orjson would digest as the logged null."""
+    with filled.writer() as session:
+        settings = {"threads": 1, "tile": None}
+        stored = store_result(
+            session,
+            make_result(volume, version="2.0", values=(7.0, 8.0, 9.0)),
+            volume,
+            RunIdentity("d" * 64, input_fingerprint(volume), settings),
+            actor="cli:test",
+            started_at=datetime.now(UTC),
+        )
+        session.commit()
+    assert _both(filled).ok
+    tampered = '{"threads": 1, "tile": 1e999}'
+    with filled.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE runs SET settings = :s WHERE id = :id"),
+            {"s": tampered, "id": stored.run_id},
+        )
+    report = _both(filled)
+    assert not report.ok
+    assert (report.table, report.row_id) == ("runs", stored.run_id)
 
 
 @pytest.mark.usefixtures("small_batches")
