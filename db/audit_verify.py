@@ -100,23 +100,34 @@ try:
     import orjson
 except ImportError:  # pragma: no cover - orjson comes with gradio; verify is slower without it
     _fast_loads, _sorted_json, _plain_json = json.loads, _stdlib_sorted_json, _stdlib_sorted_json
+    _READS_FINITE = False
 else:
     _fast_loads, _plain_json = orjson.loads, orjson.dumps
     _sorted_json = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+    _READS_FINITE = True  # orjson reads no NaN or infinite number
 
 
-def _load_json(text: str) -> Any:
-    """``json.loads(text)`` (what radcaliper reads a JSON column with), faster: orjson gives the
-    same values except that it turns integers beyond 64 bits into floats (without 19 digits in
-    a row there is no such integer) and refuses NaN, Infinity and lone surrogates (``json``
-    reads those)."""
+_NOT_READ = object()
+
+
+def _fast_read(text: str) -> Any:
+    """What ``json.loads(text)`` gives, read by orjson where the two agree, else
+    :data:`_NOT_READ`: orjson turns integers beyond 64 bits into floats (without 19 digits in a
+    row there is no such integer) and refuses NaN, Infinity, numbers beyond a double and lone
+    surrogates (``json`` reads those)."""
     data = text.encode()
     if _NINETEEN_ZEROS not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return _fast_loads(data)
         except ValueError:
             pass
-    return json.loads(text)
+    return _NOT_READ
+
+
+def _load_json(text: str) -> Any:
+    """``json.loads(text)`` (what radcaliper reads a JSON column with), faster."""
+    value = _fast_read(text)
+    return json.loads(text) if value is _NOT_READ else value
 
 
 def _fast_digest(value: Any) -> str:
@@ -273,13 +284,10 @@ def _finite_json(value: Any) -> Any:
     anywhere, which orjson would digest as null. What orjson reads has none: it refuses NaN and
     Infinity and numbers beyond a double; anything else is checked."""
     if isinstance(value, str):
-        data = value.encode()
-        if _NINETEEN_ZEROS not in data.translate(_DIGITS_AS_ZEROS):
-            try:
-                return _fast_loads(data)
-            except ValueError:
-                pass
-        value = json.loads(value)
+        fast = _fast_read(value)
+        if fast is not _NOT_READ and _READS_FINITE:
+            return fast
+        value = json.loads(value) if fast is _NOT_READ else fast
     if value is not None and _non_finite(value):
         raise ValueError("a non-finite float, which the audit log cannot hold")
     return value
@@ -369,6 +377,20 @@ def _exact_details(source: _Source, row: DbRow) -> Any:
     return details if expected == stored else None
 
 
+def _ids_jump(last_id: int, event_id: int) -> str:
+    return (
+        f"audit events {last_id + 1}..{event_id - 1} are missing "
+        f"(the ids jump from {last_id} to {event_id}): events were deleted"
+    )
+
+
+def _does_not_follow(event_id: int, last_id: int) -> str:
+    return (
+        f"audit event {event_id} does not follow event {last_id} "
+        "(its prev_hash differs): an event was inserted, replaced or reordered"
+    )
+
+
 def _check_events(
     source: _Source, batch: list[DbRow], chain: _Chain, logged: _Logged
 ) -> str | None:
@@ -377,15 +399,9 @@ def _check_events(
         chain.count += 1
         event_id = row[0]
         if event_id != chain.last_id + 1:
-            return (
-                f"audit events {chain.last_id + 1}..{event_id - 1} are missing "
-                f"(the ids jump from {chain.last_id} to {event_id}): events were deleted"
-            )
+            return _ids_jump(chain.last_id, event_id)
         if row[7] != chain.last_hash:
-            return (
-                f"audit event {event_id} does not follow event {chain.last_id} "
-                "(its prev_hash differs): an event was inserted, replaced or reordered"
-            )
+            return _does_not_follow(event_id, chain.last_id)
         details = _intact_details(source, row)
         if details is None:
             return (
@@ -958,15 +974,9 @@ def _join(lower: _Chain, upper: _UpperEvents) -> str | None:
     first_id, first_prev = upper.chain.first
     lower.count += 1
     if first_id != lower.last_id + 1:
-        return (
-            f"audit events {lower.last_id + 1}..{first_id - 1} are missing "
-            f"(the ids jump from {lower.last_id} to {first_id}): events were deleted"
-        )
+        return _ids_jump(lower.last_id, first_id)
     if first_prev != lower.last_hash:
-        return (
-            f"audit event {first_id} does not follow event {lower.last_id} "
-            "(its prev_hash differs): an event was inserted, replaced or reordered"
-        )
+        return _does_not_follow(first_id, lower.last_id)
     lower.count += upper.chain.count - 1
     if upper.problem is None or upper.chain.last_id >= first_id:
         lower.last_id, lower.last_hash = upper.chain.last_id, upper.chain.last_hash
