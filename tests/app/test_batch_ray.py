@@ -294,6 +294,9 @@ def test_ray_options_belong_to_the_ray_engine(tmp_path: Path) -> None:
     done = runner.invoke(app, ["batch", str(tmp_path), "--address", "auto"])
     assert done.exit_code == 2
     assert "--address and --gpus-per-worker are options of --engine ray" in done.stderr
+    done = runner.invoke(app, ["batch", str(tmp_path), "--engine", "ray", "--measurers", "2"])
+    assert done.exit_code == 2
+    assert "--measurers is an option of --engine local" in done.stderr
 
 
 def test_the_workers_open_postgresql_as_is_and_an_sqlite_file_on_one_node_only(
