@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.batch_worker import LoadedSeries
 from app.measuring import store_study
@@ -27,12 +27,16 @@ from ingestion.errors import ModelError, PreparationError, StorageError
 from ingestion.volume import Volume
 from model.measurer.results import ModelInfo, StudyResult
 
+if TYPE_CHECKING:
+    from model.measurer.pipeline import CheckpointMeasurer
+
 __all__ = [
     "DeferredMeasurer",
     "SeriesStored",
     "StudyStored",
     "database_reason",
     "measure_and_store_study",
+    "open_worker",
     "unexpected",
 ]
 
@@ -101,6 +105,21 @@ class DeferredMeasurer:
         if self._measurer is None:
             self._measurer = self._load()
         return self._measurer
+
+
+def open_worker(model_dir: Path, db_url: str, threads: int) -> tuple[CheckpointMeasurer, Store]:
+    """What a measuring worker (a Ray actor, a local measuring process) measures and stores
+    with: the checkpoint at ``model_dir`` loaded with torch on ``threads`` threads (without
+    transformers' "Loading weights" bar, one per worker in the log) and the database opened."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    from db.engine import open_store
+    from model.measurer.pipeline import CheckpointMeasurer
+
+    torch.set_num_threads(threads)
+    transformers_logging.disable_progress_bar()
+    return CheckpointMeasurer.load(model_dir), open_store(db_url)
 
 
 def unexpected(exc: BaseException) -> str:

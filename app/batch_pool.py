@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.batch_measure import StudyStored, measure_and_store_study
+from app.batch_measure import StudyStored, measure_and_store_study, open_worker
 from app.batch_worker import LoadedSeries, start_worker
 from app.threads import usable_cpus
+from db.engine import in_memory
 from ingestion.errors import ModelError
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def available_memory() -> int | None:
 def measuring_processes(workers: int, model_dir: Path | None, db_url: str) -> int:
     """How many processes measure (module doc); 1 means the batch process itself. Imports
     torch (to ask for a GPU): call it when a study needs measuring."""
-    if model_dir is None or _in_memory(db_url):
+    if model_dir is None or in_memory(db_url):
         return 1
     import torch
 
@@ -100,18 +101,10 @@ def measuring_processes(workers: int, model_dir: Path | None, db_url: str) -> in
     return max(1, min(by_cpus, by_memory))
 
 
-def _in_memory(db_url: str) -> bool:
-    from sqlalchemy.engine import make_url
-
-    url = make_url(db_url)
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
-
-
 class MeasuringPool:
     """``processes`` spawned processes that measure and store studies (module doc)."""
 
     def __init__(self, processes: int, setup: MeasuringSetup) -> None:
-        self.processes = processes
         self._executor = ProcessPoolExecutor(
             max_workers=processes,
             mp_context=multiprocessing.get_context("spawn"),
@@ -131,47 +124,31 @@ class MeasuringPool:
 # --- in a measuring process ---------------------------------------------------------------
 
 
-@dataclass
-class _Process:
-    setup: MeasuringSetup
-    measurer: CheckpointMeasurer | None = None
-    store: Store | None = None
-
-
-_process: _Process | None = None
+_setup: MeasuringSetup | None = None
+_opened: tuple[CheckpointMeasurer, Store] | None = None  # from the first study on
 
 
 def _start(parent: int, setup: MeasuringSetup) -> None:
     """Process-pool initializer: as a loader (``start_worker``), and remember the setup."""
-    global _process
+    global _setup
     start_worker(parent, setup.level)
-    _process = _Process(setup)
+    _setup = setup
 
 
 def _measure(series: tuple[LoadedSeries, ...]) -> StudyStored:
-    if _process is None:
+    global _opened
+    if _setup is None:
         raise RuntimeError("a measuring process was not started by MeasuringPool")
-    setup = _process.setup
-    if _process.measurer is None or _process.store is None:
-        import torch
-        from transformers.utils import logging as transformers_logging
-
-        from db.engine import open_store
-        from model.measurer.pipeline import CheckpointMeasurer
-
-        torch.set_num_threads(1)
-        transformers_logging.disable_progress_bar()  # a "Loading weights" bar per process
-        measurer = CheckpointMeasurer.load(setup.model_dir)
-        if measurer.checkpoint_hash != setup.checkpoint_hash:
+    if _opened is None:
+        measurer, store = open_worker(_setup.model_dir, _setup.db_url, threads=1)
+        if measurer.checkpoint_hash != _setup.checkpoint_hash:
+            store.dispose()
             raise ModelError(
-                f"the checkpoint at {setup.model_dir} changed while the batch ran (its hash is "
-                f"not the one the batch started with); run the batch again"
+                f"the checkpoint at {_setup.model_dir} changed while the batch ran (its hash is "
+                "not the one the batch started with); run the batch again"
             )
-        _process.measurer, _process.store = measurer, open_store(setup.db_url)
+        _opened = measurer, store
+    measurer, store = _opened
     return measure_and_store_study(
-        _process.measurer,
-        _process.store,
-        list(series),
-        actor=setup.actor,
-        pseudonym_key=setup.pseudonym_key,
+        measurer, store, series, actor=_setup.actor, pseudonym_key=_setup.pseudonym_key
     )

@@ -37,10 +37,10 @@ from types import ModuleType
 from typing import Any
 
 from app.batch import BatchOptions, Loaded, MeasuredStudy
-from app.batch_measure import StudyStored, measure_and_store_study, unexpected
+from app.batch_measure import StudyStored, measure_and_store_study, open_worker, unexpected
 from app.batch_worker import LoadedSeries, LoadOutline, StudyJob, load_study
 from app.threads import usable_cpus
-from db.engine import Store
+from db.engine import Store, in_memory
 from ingestion.catalog import FileRecord, catalog_file
 from ingestion.errors import ConfigurationError
 from model.measurer.results import ModelInfo
@@ -125,7 +125,7 @@ def worker_url(store: Store, nodes: int) -> str:
     if url.get_backend_name() != "sqlite":
         return store.url
     database = url.database or ""
-    if not database or database == ":memory:":
+    if in_memory(url):
         raise ConfigurationError(
             "the ray engine needs a database the measuring workers can open: an in-memory "
             "SQLite database cannot be shared; use a file or PostgreSQL"
@@ -177,17 +177,8 @@ class MeasuringWorker:
         threads: int,
         level: int,
     ) -> None:
-        import torch
-        from transformers.utils import logging as transformers_logging
-
-        from db.engine import open_store
-        from model.measurer.pipeline import CheckpointMeasurer
-
         _worker_logging(level)
-        torch.set_num_threads(threads)
-        transformers_logging.disable_progress_bar()  # "Loading weights" bars in every log
-        self.measurer = CheckpointMeasurer.load(Path(model_dir))
-        self.store = open_store(db_url)
+        self.measurer, self.store = open_worker(Path(model_dir), db_url, threads)
         self.actor = actor
         self.pseudonym_key = pseudonym_key
 

@@ -25,17 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ingestion.errors import SchemaVersionError, StorageError
 
-__all__ = ["Store", "connect", "open_store", "redacted", "session_scope"]
+__all__ = ["Store", "connect", "in_memory", "open_store", "redacted", "session_scope"]
 
 logger = logging.getLogger(__name__)
 
 _WRITE = "radcaliper_write"
+
+
+def in_memory(url: str | URL) -> bool:
+    """Whether ``url`` is an SQLite database in its process's memory: no other process (a
+    worker, a forked verify) can open it."""
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def redacted(url: str) -> str:

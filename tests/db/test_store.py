@@ -6,7 +6,7 @@ import dataclasses
 
 from sqlalchemy import func, select
 
-from db.engine import Store
+from db.engine import Store, in_memory
 from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Series, Study
 from db.store import input_fingerprint, pseudonym
 from ingestion.volume import Volume
@@ -90,3 +90,9 @@ def test_a_changed_input_is_a_new_run(store: Store, volume: Volume) -> None:
     assert input_fingerprint(changed) != input_fingerprint(volume)
     _store(store, changed)
     assert _count(store, Run) == 2
+
+
+def test_only_an_sqlite_database_without_a_file_is_in_memory() -> None:
+    assert in_memory("sqlite://") and in_memory("sqlite:///:memory:")
+    assert not in_memory("sqlite:///store.sqlite3")
+    assert not in_memory("postgresql://radcaliper@db.example/radcaliper")
