@@ -54,6 +54,7 @@ from app.batch_pool import MeasuringPool, MeasuringSetup, measuring_processes
 from app.batch_report import write_report
 from app.batch_state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch_worker import LoadOutline, StudyJob, StudyLoad, load_study, start_worker
+from app.heap import keep_freed_memory
 from app.measuring import run_identity
 from app.threads import torch_threads, usable_cpus
 from db.engine import Store
@@ -476,6 +477,7 @@ class LocalEngine:
         if isinstance(measurer, DeferredMeasurer):
             measurer = measurer.load()
         if self.threads is None:
+            keep_freed_memory()
             threads = contextlib.ExitStack()
             threads.enter_context(torch_threads(inference_threads(self.options.workers)))
             self.threads = threads

@@ -110,14 +110,17 @@ class DeferredMeasurer:
 def open_worker(model_dir: Path, db_url: str, threads: int) -> tuple[CheckpointMeasurer, Store]:
     """What a measuring worker (a Ray actor, a local measuring process) measures and stores
     with: the checkpoint at ``model_dir`` loaded with torch on ``threads`` threads (without
-    transformers' "Loading weights" bar, one per worker in the log) and the database opened."""
+    transformers' "Loading weights" bar, one per worker in the log), malloc keeping what
+    inference frees (``app.heap``), and the database opened."""
     import torch
     from transformers.utils import logging as transformers_logging
 
+    from app.heap import keep_freed_memory
     from db.engine import open_store
     from model.measurer.pipeline import CheckpointMeasurer
 
     torch.set_num_threads(threads)
+    keep_freed_memory()
     transformers_logging.disable_progress_bar()
     return CheckpointMeasurer.load(model_dir), open_store(db_url)
 

@@ -121,6 +121,7 @@ def measure(
     measured (or stored).
     """
     from app.cli_store import checked
+    from app.heap import keep_freed_memory
     from app.measuring import measure_and_store
     from app.threads import measuring_threads, torch_threads
     from ingestion import Modality
@@ -141,6 +142,7 @@ def measure(
     measurer = load_measurer(model_dir)
     import torch  # loaded with the model
 
+    keep_freed_memory()  # the process only measures from here on (app.heap)
     results = []
     try:  # torch on the CPUs other work leaves free (app.threads)
         with torch_threads(measuring_threads(torch.get_num_threads())):

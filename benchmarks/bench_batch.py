@@ -26,8 +26,10 @@ Memory: the child's process tree (the batch and its loader processes; with Ray, 
 instance it starts and its workers) is sampled every 0.1 s from ``/proc``; the table gives the
 peak of the tree's summed RSS and each process's own peak by role (the batch, loaders, Ray's
 measuring workers, Ray's task workers, Ray's own services; the sampling can miss a peak shorter
-than 0.1 s). Memory must not grow with N: the file index and the report live on disk, and at
-most ``2 x workers`` studies (Ray: ``2 x workers + 2``) are loaded at a time.
+than 0.1 s), and the highest RSS in each quarter of the run of the batch process and of the
+largest other process (a measuring one), to see whether either still grows. Memory must not
+grow with N: the file index and the report live on disk, and at most ``2 x workers`` studies
+(Ray: ``2 x workers + 2``) are loaded at a time.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class _Sampler(threading.Thread):
         self.peak_kib = 0
         self.each_kib: dict[int, int] = {}
         self.roles: dict[int, str] = {}
-        self.batch_kib: list[int] = []  # the batch process's RSS at every sample
+        self.samples: dict[int, list[int]] = {}  # each process's RSS at every sample
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -136,17 +138,23 @@ class _Sampler(threading.Thread):
             self.peak_kib = max(self.peak_kib, sum(sizes.values()))
             for pid, kib in sizes.items():
                 self.each_kib[pid] = max(self.each_kib.get(pid, 0), kib)
+                if kib:
+                    self.samples.setdefault(pid, []).append(kib)
                 role = _role(pid, self.pid)  # Ray renames a worker when it takes its role
                 if role != "gone" and self.roles.get(pid) != "ray measuring worker":
                     self.roles[pid] = role
-            if sizes.get(self.pid):
-                self.batch_kib.append(sizes[self.pid])
             self.stop.wait(0.1)
 
-    def batch_quarters_mib(self) -> list[int]:
-        """The batch process's highest RSS in each quarter of its run (is it still growing?)."""
-        samples, n = self.batch_kib, len(self.batch_kib)
+    def quarters_mib(self, pid: int) -> list[int]:
+        """A process's highest RSS in each quarter of its life (is it still growing?)."""
+        samples = self.samples.get(pid, [])
+        n = len(samples)
         return [round(max(samples[i * n // 4 : (i + 1) * n // 4] or [0]) / 1024) for i in range(4)]
+
+    def largest_child(self) -> int | None:
+        """The process of the tree, the batch's aside, with the highest peak (a measuring one)."""
+        children = {pid: kib for pid, kib in self.each_kib.items() if pid != self.pid}
+        return max(children, key=lambda pid: children[pid]) if children else None
 
 
 def _run(command: list[str], cores: str | None) -> dict[str, Any]:
@@ -160,13 +168,15 @@ def _run(command: list[str], cores: str | None) -> dict[str, Any]:
     sampler.stop.set()
     sampler.join()
     peaks = sorted(sampler.each_kib.values(), reverse=True)
+    largest = sampler.largest_child()
     return {
         "exit_code": process.returncode,
         "wall_s": time.perf_counter() - began,
         "peak_tree_mib": sampler.peak_kib / 1024,
         "process_peaks_mib": [round(k / 1024) for k in peaks],  # batch first, then loaders
         "peaks_by_role_mib": _by_role(sampler),
-        "batch_quarters_mib": sampler.batch_quarters_mib(),
+        "batch_quarters_mib": sampler.quarters_mib(process.pid),
+        "largest_child_quarters_mib": sampler.quarters_mib(largest) if largest else [],
         "stdout": stdout.strip(),
     }
 
@@ -253,9 +263,10 @@ def main() -> None:
     print(
         "| studies | engine | files | stored | batch time | studies/hour (batch) | wall time "
         "(start-up incl.) | peak RSS, whole process tree | peak per process | re-run wall "
-        "(batch part) | re-run stored / already / headers read | batch RSS by quarter of the run |"
+        "(batch part) | re-run stored / already / headers read | batch RSS by quarter of the run "
+        "| largest other process's RSS by quarter of its life |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         first, rerun = r["first"], r["rerun"]
         each = "; ".join(
@@ -270,7 +281,7 @@ def main() -> None:
             f"{each} MiB | {rerun['wall_s']:.1f} s "
             f"({r['rerun_batch_s']:.2f} s) | {r['rerun_stored']} / {r['rerun_already']} / "
             f"{r['rerun_headers_read']} | {' / '.join(str(q) for q in first['batch_quarters_mib'])}"
-            " MiB |"
+            f" MiB | {' / '.join(str(q) for q in first['largest_child_quarters_mib'])} MiB |"
         )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -3,12 +3,14 @@
 Usage (from the repository root, in the project's virtualenv)::
 
     python benchmarks/bench_inference.py [--study PATH] [--model DIR] [--threads 2]
-                                         [--repeats 3]
+                                         [--repeats 3] [--malloc-defaults]
 
 ``--study`` defaults to the shared real abdominal CT (``real-ct/ts_abdomen_dicom``, 20 slices of
 512 x 512). The measurer (``CheckpointMeasurer``, the bundled demo by default) measures it once
 to warm up, then ``--repeats`` times; the figure is the fastest run of ``measure()`` (model and
-volume loading not included).
+volume loading not included). As in ``radcaliper measure`` and a batch's measuring processes,
+malloc keeps what inference frees (``app.heap``); ``--malloc-defaults`` leaves glibc's
+defaults, to compare.
 
 The floor is :func:`model.flops.generation_flops` of every prompt the model answered (collected
 with ``NumericLM.subscribe``: prompt tokens, image grids, new tokens) divided by this machine's
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _machine import load, machine
 
+from app.heap import keep_freed_memory
 from ingestion.load import load_path
 from ingestion.volume import Modality
 from model.flops import AnsweredRow, Flops, TextShape, VisionShape, answered_rows, generation_flops
@@ -63,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: demo)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--malloc-defaults", action="store_true", help="leave glibc's malloc as it is"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kept = False if args.malloc_defaults else keep_freed_memory()
     path = args.study or shared_data_root() / "real-ct" / "ts_abdomen_dicom" / "image.nii.gz"
     os.environ.setdefault("RADCALIPER_NIFTI_MODALITY", "CT")
     (volume,) = load_path(path, nifti_modality=Modality.CT).volumes
@@ -103,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load before: {load()}")
     print(f"- machine: {machine()}")
     print(f"- model: {measurer.info.name} {measurer.info.version}")
+    print(f"- malloc keeps freed memory (app.heap): {'yes' if kept else 'no'}")
     print(f"- study: {path} ({volume.shape[0]} slices); {len(result.findings)} findings")
     print(
         f"- prompts: {len(rows)}; new tokens: {sum(r.new_tokens for r in rows)}; "
