@@ -451,6 +451,7 @@ def load_checkpoint(
     """Read a checkpoint directory written by :func:`save_checkpoint` or
     :func:`save_delta_checkpoint` (eval mode, CPU). ``base_model``: where a delta's base model
     is now, in place of the folder it was fine-tuned from (its weights must be the same)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
@@ -461,9 +462,15 @@ def load_checkpoint(
     if settings.base_model is not None:
         model = _apply_delta(path, settings.base_model, base_model)
     else:
-        model, info = CircleRopeQwen2_5_VLForConditionalGeneration.from_pretrained(
-            path, local_files_only=True, output_loading_info=True
-        )
+        try:
+            model, info = CircleRopeQwen2_5_VLForConditionalGeneration.from_pretrained(
+                path, local_files_only=True, output_loading_info=True
+            )
+        except (OSError, SafetensorError) as error:  # weights missing, unreadable or cut short
+            raise ModelError(
+                f"{path}: the model's weights cannot be read ({error}); copy the checkpoint "
+                "again, or point --model at a complete one"
+            ) from error
         missing, unexpected = list(info["missing_keys"]), list(info["unexpected_keys"])
         if missing or unexpected:  # never run a model with freshly initialised weights
             raise ModelError(
@@ -480,7 +487,13 @@ def load_checkpoint(
         if not head_file.is_file():
             raise ModelError(f"{path}: {HEAD_NAME} is missing for mode {settings.numeric_mode}")
         module: nn.Module = head  # type: ignore[assignment]
-        module.load_state_dict(load_file(str(head_file)))
+        try:
+            state = load_file(str(head_file))
+        except (OSError, SafetensorError) as error:
+            raise ModelError(
+                f"{head_file} cannot be read ({error}); copy the checkpoint again"
+            ) from error
+        module.load_state_dict(state)
         module.eval()
     return LoadedMeasurer(model, head, tokenizer, settings)
 

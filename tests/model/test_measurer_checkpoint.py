@@ -131,3 +131,33 @@ def test_weights_that_do_not_match_the_model_are_refused(tmp_path: Path) -> None
     save_file(tensors, str(weights), metadata={"format": "pt"})
     with pytest.raises(ModelError, match="1 missing"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+@pytest.mark.parametrize("file", ["model.safetensors", "numeric_head.safetensors"])
+def test_weights_missing_or_cut_short_are_named(tmp_path: Path, file: str, damage: str) -> None:
+    tokenizer = build_tokenizer()
+    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=special_ids(tokenizer))
+    torch.manual_seed(0)
+    model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
+    settings = MeasurerSettings(
+        name="radcaliper-test",
+        version="0.0.1",
+        numeric_mode=NumericMode.XVAL,
+        measure_inputs=INPUTS,
+        head={},
+        calibration=None,
+        training={"seed": 0},
+    )
+    head = build_head(settings.numeric_mode, kwargs["text_config"]["hidden_size"], settings.head)
+    save_checkpoint(tmp_path, model, head, tokenizer, settings)
+    damaged = tmp_path / file
+    if damage == "missing":
+        damaged.unlink()
+    else:
+        damaged.write_bytes(damaged.read_bytes()[:1000])
+    head_missing = (damage, file) == ("missing", "numeric_head.safetensors")
+    expected = "is missing" if head_missing else "cannot be read"
+    with pytest.raises(ModelError, match=expected) as raised:
+        load_checkpoint(tmp_path)
+    assert str(tmp_path) in str(raised.value)
