@@ -123,11 +123,12 @@ def measure(
     from app.cli_store import checked
     from app.heap import keep_freed_memory
     from app.measuring import measure_and_store
-    from app.threads import measuring_threads, torch_threads
+    from app.threads import cpu_times, measuring_threads, torch_threads
     from ingestion import Modality
     from ingestion.errors import ModelError
     from ingestion.load import load_path
 
+    started = cpu_times()  # what other work does while the study and the model load
     settings = _settings(ctx)
     modality = Modality(settings.nifti_modality) if settings.nifti_modality else None
     loaded = load_path(path, modality)
@@ -145,7 +146,7 @@ def measure(
     keep_freed_memory()  # the process only measures from here on (app.heap)
     results = []
     try:  # torch on the CPUs other work leaves free (app.threads)
-        with torch_threads(measuring_threads(torch.get_num_threads())):
+        with torch_threads(measuring_threads(torch.get_num_threads(), since=started)):
             for volume in loaded.volumes:
                 run = functools.partial(
                     measure_and_store,

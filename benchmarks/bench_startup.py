@@ -74,6 +74,8 @@ def step(name):
 
 
 import app.cli
+from app.threads import cpu_times
+started = cpu_times()
 step("import app.cli (typer, rich)")
 from app.settings import Settings
 Settings()
@@ -94,8 +96,10 @@ measurer = load_measurer(None)
 step("load the checkpoint (weights, tokenizer)")
 import ingestion.prepare
 step("import ingestion.prepare (MONAI)")
+from app.heap import keep_freed_memory
 from app.threads import measuring_threads, torch_threads
-threads = measuring_threads(torch.get_num_threads())
+keep_freed_memory()
+threads = measuring_threads(torch.get_num_threads(), since=started)
 with torch_threads(threads):
     result = measurer.measure(volume, source=sys.argv[1])
 step("measure: inference")
