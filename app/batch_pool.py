@@ -46,7 +46,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_PROCESS_BASE_BYTES = 3 << 29  # 1.5 GiB: torch, transformers and MONAI imported, activations
+_PROCESS_BASE_BYTES = 7 << 28  # 1.75 GiB: torch, transformers, MONAI, the largest study kept
 _MEMORY_SHARE = 0.5  # of the available memory, for all measuring processes together
 
 
