@@ -108,22 +108,29 @@ def test_settings_need_a_name() -> None:
         MeasurerSettings(name="", version="1", numeric_mode=NumericMode.XVAL)
 
 
-def test_weights_that_do_not_match_the_model_are_refused(tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
+def _save_tiny_checkpoint(directory: Path, mode: NumericMode) -> None:
+    """A tiny untrained measurer checkpoint of ``mode`` (its head included) in ``directory``."""
     tokenizer = build_tokenizer()
     kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=special_ids(tokenizer))
+    torch.manual_seed(0)
     model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
     settings = MeasurerSettings(
         name="radcaliper-test",
         version="0.0.1",
-        numeric_mode=NumericMode.STANDARD,
+        numeric_mode=mode,
         measure_inputs=INPUTS,
         head={},
         calibration=None,
         training={"seed": 0},
     )
-    save_checkpoint(tmp_path, model, None, tokenizer, settings)
+    head = build_head(mode, kwargs["text_config"]["hidden_size"], settings.head)
+    save_checkpoint(directory, model, head, tokenizer, settings)
+
+
+def test_weights_that_do_not_match_the_model_are_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    _save_tiny_checkpoint(tmp_path, NumericMode.STANDARD)
     weights = tmp_path / "model.safetensors"
     tensors = load_file(str(weights))
     dropped = next(name for name in tensors if "layers.1." in name)
@@ -136,21 +143,7 @@ def test_weights_that_do_not_match_the_model_are_refused(tmp_path: Path) -> None
 @pytest.mark.parametrize("damage", ["missing", "cut short"])
 @pytest.mark.parametrize("file", ["model.safetensors", "numeric_head.safetensors"])
 def test_weights_missing_or_cut_short_are_named(tmp_path: Path, file: str, damage: str) -> None:
-    tokenizer = build_tokenizer()
-    kwargs = tiny_qwen2_5_vl_kwargs(vocab_size=len(VOCAB), special_ids=special_ids(tokenizer))
-    torch.manual_seed(0)
-    model = CircleRopeQwen2_5_VLForConditionalGeneration(CircleRopeQwen2_5_VLConfig(**kwargs))
-    settings = MeasurerSettings(
-        name="radcaliper-test",
-        version="0.0.1",
-        numeric_mode=NumericMode.XVAL,
-        measure_inputs=INPUTS,
-        head={},
-        calibration=None,
-        training={"seed": 0},
-    )
-    head = build_head(settings.numeric_mode, kwargs["text_config"]["hidden_size"], settings.head)
-    save_checkpoint(tmp_path, model, head, tokenizer, settings)
+    _save_tiny_checkpoint(tmp_path, NumericMode.XVAL)
     damaged = tmp_path / file
     if damage == "missing":
         damaged.unlink()
