@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "MeasuringPool",
     "MeasuringSetup",
     "available_memory",
+    "may_have_gpu",
     "measuring_processes",
     "process_memory_bytes",
 ]
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 _PROCESS_BASE_BYTES = 7 << 28  # 1.75 GiB: torch, transformers, MONAI, the largest study kept
 _MEMORY_SHARE = 0.5  # of the available memory, for all measuring processes together
+_GPU_DEVICES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")  # NVIDIA's driver, WSL's, ROCm's
 
 
 @dataclass(frozen=True)
@@ -83,15 +86,26 @@ def available_memory() -> int | None:
     return None
 
 
+def may_have_gpu() -> bool:
+    """False where torch cannot find a GPU: Linux without the device files of NVIDIA's
+    driver, of WSL's or of ROCm's. Asking torch imports it (1.2 s and about 100 MiB of the batch
+    process, which does not measure on a machine without one)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(device) for device in _GPU_DEVICES)
+
+
 def measuring_processes(workers: int, model_dir: Path | None, db_url: str) -> int:
     """How many processes measure (module doc); 1 means the batch process itself. Imports
-    torch (to ask for a GPU): call it when a study needs measuring."""
+    torch to ask for a GPU where there may be one (:func:`may_have_gpu`): call it when a study
+    needs measuring."""
     if model_dir is None or in_memory(db_url):
         return 1
-    import torch
+    if may_have_gpu():
+        import torch
 
-    if torch.cuda.is_available():
-        return 1
+        if torch.cuda.is_available():
+            return 1
     cpus = usable_cpus()
     by_cpus = max(1, min(cpus, cpus - workers + 1))
     available = available_memory()

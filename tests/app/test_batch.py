@@ -497,6 +497,36 @@ def test_measuring_processes_follow_the_cpus_and_the_memory(
         BatchOptions(root=tmp_path, work_dir=tmp_path, measurers=0)
 
 
+def test_without_gpu_device_files_the_batch_process_does_not_import_torch(
+    tmp_path: Path,
+) -> None:
+    from model.measurer.checkpoint import default_checkpoint
+
+    ask = (
+        "import sys\n"
+        "import app.batch_pool as pool\n"
+        "pool._GPU_DEVICES = tuple(sys.argv[1:])\n"
+        f"n = pool.measuring_processes(1, pool.Path({str(default_checkpoint())!r}), "
+        f"{'sqlite:///' + str(tmp_path / 'store.sqlite3')!r})\n"
+        "print(n >= 1, pool.may_have_gpu(), 'torch' in sys.modules)\n"
+    )
+    device = tmp_path / "nvidiactl"
+    device.touch()
+
+    def run(*devices: Path) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", ask, *map(str, devices)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPOSITORY,
+        )
+        return done.stdout.strip()
+
+    assert run(tmp_path / "no-such-device") == "True False False"
+    assert run(tmp_path / "no-such-device", device) == "True True True"  # torch asked
+
+
 def test_a_re_run_with_every_study_stored_loads_no_model(
     tmp_path: Path, sqlite_store: Store, measurer: Any
 ) -> None:
