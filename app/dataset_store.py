@@ -45,7 +45,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from db.coverage import canonical_time
-from db.engine import Store, connect, open_store
+from db.engine import Store, connect, in_memory, open_store
 from db.models import ReviewStatus
 from db.training import ReviewedFinding, ReviewedMeasurement, Segment, reviewed_findings
 from ingestion.dataset.format import (
@@ -111,12 +111,12 @@ def _input_name(url: str) -> str:
             "postgresql://user@host/dbname"
         ) from error
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        if not database or database == ":memory:":
+        if in_memory(parsed):
             raise ConfigurationError(
                 "an in-memory SQLite database holds no reviews; give the URL of the store the "
                 "review UI uses (sqlite:///path/radcaliper.sqlite3)"
             )
+        database = str(parsed.database)
         if not database.startswith("file:"):
             file = Path(database).expanduser().resolve()
             if not file.is_file():

@@ -63,7 +63,7 @@ class CpuTimes:
 
 def _busy_seconds(stat: str, cpus: set[int]) -> float | None:
     """Busy seconds of ``cpus`` from ``/proc/stat``'s text (None when none of them is there)."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    ticks = os.sysconf("SC_CLK_TCK")  # there is a /proc/stat: a POSIX system
     total, found = 0, False
     for line in stat.splitlines():
         name, _, fields = line.partition(" ")
