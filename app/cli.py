@@ -19,6 +19,7 @@ from rich.table import Table
 from app.cli_batch import batch
 from app.cli_dataset import dataset_app
 from app.cli_model import calibrate, evaluate, export_model, measure, serve, train
+from app.cli_resident import resident
 from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
 from app.logs import configure_logging
@@ -226,7 +227,7 @@ def export_sr(
     )
 
 
-for command in (measure, batch, train, calibrate, evaluate, serve):
+for command in (measure, resident, batch, train, calibrate, evaluate, serve):
     app.command()(command)
 app.command("export-model")(export_model)
 app.add_typer(db_app, name="db")

@@ -72,17 +72,22 @@ def _model_error(error: Exception) -> typer.Exit:
 def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
     """The checkpoint at ``model_dir`` (the demo model without one), or exit 2 saying why;
     ``calibrated=False`` leaves its ``calibrate`` stage out (raw values, nothing refused)."""
+    from app.resident import kept_model
     from ingestion.errors import ModelError
     from model.measurer.pipeline import CheckpointMeasurer
 
     directory = _checkpoint_dir(model_dir)
-    try:
-        measurer = CheckpointMeasurer.load(directory)
-    except ModelError as error:
-        raise _model_error(error) from None
-    if not calibrated:
-        measurer.stages = tuple(s for s in measurer.stages if s.name != "calibrate")
-    return measurer
+
+    def load() -> CheckpointMeasurer:
+        try:
+            measurer = CheckpointMeasurer.load(directory)
+        except ModelError as error:
+            raise _model_error(error) from None
+        if not calibrated:
+            measurer.stages = tuple(s for s in measurer.stages if s.name != "calibrate")
+        return measurer
+
+    return kept_model(directory, calibrated, load)  # loaded once in a resident
 
 
 def deferred_measurer(model_dir: Path | None) -> Any:
@@ -111,6 +116,14 @@ def measure(
     no_store: Annotated[
         bool, typer.Option("--no-store", help="Only print the result; do not store it.")
     ] = False,
+    use_resident: Annotated[
+        bool,
+        typer.Option(
+            "--resident/--no-resident",
+            help="Hand the command to 'radcaliper resident' when one runs for this data dir "
+            "(the same result, without loading the libraries and the model first).",
+        ),
+    ] = True,
 ) -> None:
     """Find and measure the lesions (long x short axis) and vessels (diameter) of one study.
 
@@ -120,15 +133,26 @@ def measure(
     same model on the same input is stored once. Exit status: 0 measured, 2 nothing could be
     measured (or stored).
     """
+    if use_resident:
+        from app.resident import forward
+
+        args = [str(path)] + (["--json"] if as_json else [])
+        args += ["--model", str(model_dir)] if model_dir is not None else []
+        args += ["--db", db] if db is not None else []
+        args += ["--no-store"] if no_store else []
+        verbosity = ctx.find_root().params.get("verbose") or 0
+        status = forward(_settings(ctx).data_dir, args, verbosity=verbosity)
+        if status is not None:
+            raise typer.Exit(status)
     from app.cli_store import checked
     from app.heap import keep_freed_memory
     from app.measuring import measure_and_store
-    from app.threads import cpu_times, measuring_threads, torch_threads
+    from app.threads import command_started, measuring_threads, torch_threads
     from ingestion import Modality
     from ingestion.errors import ModelError
     from ingestion.load import load_path
 
-    started = cpu_times()  # what other work does while the study and the model load
+    started = command_started()  # what other work does while the study and the model load
     settings = _settings(ctx)
     modality = Modality(settings.nifti_modality) if settings.nifti_modality else None
     loaded = load_path(path, modality)

@@ -13,9 +13,11 @@ into emoji.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +33,7 @@ __all__ = [
     "EXIT_PARTIAL",
     "cli_actor",
     "command_line",
+    "consoles_writing_to",
     "err",
     "out",
     "printable",
@@ -74,8 +77,28 @@ class _SafeConsole(Console):
         return super().render_str(_RENDERED_CONTROLS.sub(_escaped, text), **kwargs)
 
 
-out = _SafeConsole(soft_wrap=True, emoji=False)
-err = _SafeConsole(stderr=True, soft_wrap=True, emoji=False)
+_OPTIONS: dict[str, Any] = {"soft_wrap": True, "emoji": False}
+out = _SafeConsole(**_OPTIONS)
+err = _SafeConsole(stderr=True, **_OPTIONS)
+
+
+@contextlib.contextmanager
+def consoles_writing_to(
+    stdout: IO[str], stderr: IO[str], out_width: int | None, err_width: int | None
+) -> Iterator[None]:
+    """:data:`out` and :data:`err` write to these streams inside, each set up as rich sets up a
+    console for its stream (a terminal or not, colours from the environment's ``TERM``,
+    ``NO_COLOR``, ``FORCE_COLOR``; the width when given), and for ``sys.stdout`` and
+    ``sys.stderr`` again after. For ``app.resident``, which writes a client's output. Modules
+    hold the two consoles by name, so they are set up again in place."""
+    _SafeConsole.__init__(out, file=stdout, width=out_width, **_OPTIONS)
+    _SafeConsole.__init__(err, file=stderr, width=err_width, **_OPTIONS)
+    try:
+        yield
+    finally:
+        _SafeConsole.__init__(out, **_OPTIONS)
+        _SafeConsole.__init__(err, stderr=True, **_OPTIONS)
+
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1

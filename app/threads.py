@@ -25,14 +25,17 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 __all__ = [
     "CpuTimes",
     "busy_cpus",
+    "command_started",
     "cpu_times",
     "measuring_threads",
     "others_busy",
+    "started_at",
     "torch_threads",
     "usable_cpus",
 ]
@@ -86,6 +89,25 @@ def cpu_times() -> CpuTimes:
     except (OSError, AttributeError, ValueError):  # not Linux
         busy = None
     return CpuTimes(time.monotonic(), times.user + times.system, busy)
+
+
+_started: ContextVar[CpuTimes | None] = ContextVar("radcaliper_command_started", default=None)
+
+
+def command_started() -> CpuTimes:
+    """The sample a command counts other work from: now, or what :func:`started_at` set (a
+    resident: a second or two before the command came, when its own process was idle)."""
+    return _started.get() or cpu_times()
+
+
+@contextlib.contextmanager
+def started_at(sample: CpuTimes) -> Iterator[None]:
+    """:func:`command_started` is ``sample`` inside."""
+    token = _started.set(sample)
+    try:
+        yield
+    finally:
+        _started.reset(token)
 
 
 def others_busy(before: CpuTimes, after: CpuTimes) -> float | None:

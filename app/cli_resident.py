@@ -1,0 +1,76 @@
+"""``radcaliper resident``: keep the libraries and the model loaded for ``radcaliper measure``
+(``app.resident``; registered on the ``radcaliper`` app by ``app.cli``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.console import EXIT_NOTHING, EXIT_OK, err, safe, settings_of
+
+__all__ = ["resident"]
+
+logger = logging.getLogger(__name__)
+
+
+def resident(
+    ctx: typer.Context,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="The checkpoint to load now (default: the demo model); 'measure --model' "
+            "with another one loads that one at its first command.",
+        ),
+    ] = None,
+    idle_exit: Annotated[
+        float,
+        typer.Option(
+            "--idle-exit",
+            min=0,
+            help="Stop after this many minutes without a command (0: never).",
+        ),
+    ] = 60.0,
+) -> None:
+    """Keep torch, transformers, MONAI and the model loaded, so that 'radcaliper measure' starts
+    at once: while this runs, 'measure' (as the same user, with the same data dir) hands its
+    command to it and prints what it answers.
+
+    The command runs here as it would in the client's own process: with its environment (the
+    same settings and database), its working folder and umask; the output, exit status and what
+    is stored are the same. Commands run one at a time. A checkpoint whose files changed is
+    loaded again; a client of other radcaliper code (an update since this started) is refused
+    and measures in its own process. Ctrl-C or SIGTERM stops it after the command it runs.
+    Listens at DATA_DIR/resident.sock (owner only). 'measure --no-resident' never uses it.
+    """
+    from app.cli_model import load_measurer
+    from app.resident import ResidentError, keeping_models, listen, serve
+
+    settings = settings_of(ctx)
+    try:
+        listener = listen(settings.data_dir)
+    except ResidentError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    try:
+        with keeping_models():
+            measurer = load_measurer(model_dir)
+            import ingestion.prepare  # noqa: F401  # MONAI, loaded now rather than at the first study
+            from ingestion.load import load_path  # noqa: F401
+
+            model = measurer.settings
+            label = " (NOT FOR CLINICAL USE)" if model.not_for_clinical_use else ""
+            err.print(
+                f"resident: pid {os.getpid()}, model {safe(model.name)} {safe(model.version)}"
+                f"{label}, listening at {safe(listener.path)}; 'radcaliper measure' hands its "
+                "commands here. Ctrl-C stops it.",
+                highlight=False,
+            )
+            serve(listener, idle_exit_s=idle_exit * 60 if idle_exit > 0 else None)
+    finally:
+        listener.close()
+    raise typer.Exit(EXIT_OK)
