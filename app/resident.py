@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, TypeVar, cast
 
 from app.threads import CpuTimes, cpu_times
+from ingestion.errors import RadcaliperError
 
 __all__ = [
     "PROTOCOL",
@@ -73,13 +74,14 @@ SOCKET_NAME = "resident.sock"
 _MAX_FRAME = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 _KEPT_MODELS = 2  # models a resident keeps loaded at most (the least recently used goes)
+_REQUEST_TIMEOUT_S = 10.0
 _SOCKET_PATH_MAX = 107  # sun_path's size on Linux, less its terminating NUL
 _PACKAGES = ("app", "model", "ingestion", "db")
 
 T = TypeVar("T")
 
 
-class ResidentError(RuntimeError):
+class ResidentError(RadcaliperError):
     """A resident cannot start here (the message says why and what to do)."""
 
 
@@ -575,13 +577,17 @@ def _serve_until_stopped(listener: Listener, idle_exit_s: float | None) -> None:
 
 
 def _serve_one(conn: socket.socket, code: str, *, since: CpuTimes) -> None:
-    conn.settimeout(None)
     if not _same_user(conn):
         logger.warning("refused a connection from another user (uid %s)", peer_uid(conn))
         return
-    request = receive_message(conn)
+    conn.settimeout(_REQUEST_TIMEOUT_S)  # a client that never sends keeps no one waiting
+    try:
+        request = receive_message(conn)
+    except OSError:
+        request = None
     if request is None:  # a probe (another resident starting) or a client that went away
         return
+    conn.settimeout(None)
     started = time.monotonic()
     try:
         status = _answer(conn, request, code, since)

@@ -183,6 +183,13 @@ def test_a_resident_refuses_other_code_and_other_protocols(resident: Resident) -
         assert answer is not None and "refused" in answer and reason in str(answer["refused"])
 
 
+def test_a_client_that_never_asks_keeps_no_one_waiting(resident: Resident) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(socket_path(resident.data_dir)))  # and sends nothing
+        handed = resident.measure("-v", "measure", "no-such-study")
+    assert handed.returncode == 2 and "measured by the resident" in handed.stderr
+
+
 def test_sigterm_stops_the_resident_and_removes_its_socket(resident: Resident) -> None:
     # the module's last test: the fixture's resident stops here
     path = socket_path(resident.data_dir)
