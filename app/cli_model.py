@@ -22,6 +22,7 @@ from app.console import (
     EXIT_NOTHING,
     EXIT_OK,
     cli_actor,
+    command_args,
     command_line,
     err,
     out,
@@ -136,12 +137,8 @@ def measure(
     if use_resident:
         from app.resident import forward
 
-        args = [str(path)] + (["--json"] if as_json else [])
-        args += ["--model", str(model_dir)] if model_dir is not None else []
-        args += ["--db", db] if db is not None else []
-        args += ["--no-store"] if no_store else []
         verbosity = ctx.find_root().params.get("verbose") or 0
-        status = forward(_settings(ctx).data_dir, args, verbosity=verbosity)
+        status = forward(_settings(ctx).data_dir, command_args(ctx), verbosity=verbosity)
         if status is not None:
             raise typer.Exit(status)
     from app.cli_store import checked

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Annotated
@@ -13,8 +12,6 @@ import typer
 from app.console import EXIT_NOTHING, EXIT_OK, err, safe, settings_of
 
 __all__ = ["resident"]
-
-logger = logging.getLogger(__name__)
 
 
 def resident(

@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PARTIAL",
     "cli_actor",
+    "command_args",
     "command_line",
     "consoles_writing_to",
     "err",
@@ -123,10 +124,10 @@ def cli_actor() -> str:
         return "cli:unknown"
 
 
-def command_line(ctx: typer.Context) -> str:
-    """The command as a user would type it again: its path, then every argument and every
-    option that differs from its default (for provenance in checkpoints and results)."""
-    parts = [ctx.command_path]
+def command_args(ctx: typer.Context) -> list[str]:
+    """The command's arguments as a user would type them again: every argument, and every
+    option that differs from its default (the values as strings)."""
+    parts: list[str] = []
     for param in ctx.command.params:  # typer's own click: duck-typed, not isinstance
         value = ctx.params.get(param.name or "")
         kind = getattr(param, "param_type_name", "")
@@ -141,4 +142,10 @@ def command_line(ctx: typer.Context) -> str:
                     parts.append(max(param.secondary_opts, key=len))
             else:
                 parts += [flag, str(value)]
-    return " ".join(parts)
+    return parts
+
+
+def command_line(ctx: typer.Context) -> str:
+    """The command as a user would type it again: its path, then :func:`command_args` (for
+    provenance in checkpoints and results)."""
+    return " ".join([ctx.command_path, *command_args(ctx)])

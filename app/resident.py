@@ -2,7 +2,7 @@
 ``radcaliper measure`` starts at once.
 
 A fresh ``measure`` spends most of its life importing (benchmarks/RESULTS.md: torch, transformers'
-model classes and MONAI take about 3.6 s of 7 on 2 cores, for 1.6 s of inference). With
+model classes and MONAI take about 3.9 s of 7.8 on 2 cores, for 2.3 s of inference). With
 ``radcaliper resident`` running, ``measure`` hands its command to it instead:
 
 - The client sends its ``measure`` arguments, working folder, environment and umask, and whether
@@ -22,8 +22,9 @@ then says so and measures in its own process. A model's files are looked at for 
 (name, size, time and inode of each): a changed checkpoint is loaded again, never measured with
 the old weights.
 
-Patient identifiers: the resident's log says when a command ran, for how long and its exit
-status; paths only at DEBUG level (a PACS folder name can be a patient's name).
+Patient identifiers: the resident's own log says when a command ran, for how long and its exit
+status, never a path (a PACS folder name can be a patient's name); the command's own log lines go
+to its client, at the client's level.
 """
 
 from __future__ import annotations
