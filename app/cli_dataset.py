@@ -25,6 +25,7 @@ from app.console import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, err, out, safe, set
 from app.progress import progress_display
 
 if TYPE_CHECKING:
+    from db.review import CorrectionLimits
     from ingestion.dataset.format import Dataset, ImportProgress, ImportResult
 
 __all__ = ["dataset_app"]
@@ -56,9 +57,11 @@ def _run_import(
     annotator: str | None,
     licence: str | None,
     modality: str | None,
+    limits: CorrectionLimits,
     on_item: ImportProgress,
 ) -> ImportResult:
-    """Call the importer of ``kind`` (each imports its libraries when called)."""
+    """Call the importer of ``kind`` (each imports its libraries when called); ``limits``:
+    the plausible values of an SR's measurements (the correction limits of the settings)."""
     if kind is SourceKind.STORE:
         from app.dataset_store import import_store
 
@@ -96,6 +99,7 @@ def _run_import(
 
         return import_sr(
             path,
+            limits=limits,
             images=images,
             annotator=annotator,
             licence=licence or "unknown",
@@ -186,6 +190,7 @@ def import_command(
                 annotator=annotator,
                 licence=licence,
                 modality=modality.upper() if modality else None,
+                limits=settings_of(ctx).correction_limits,
                 on_item=on_item,
             )
             progress.update(task, completed=1, total=1, status="")

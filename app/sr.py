@@ -44,6 +44,10 @@ What goes in, and the choices made (README "DICOM SR"):
   store keeps since schema 0002 (points within half a slice of the measured slice are projected
   onto it; axes further off are left out with a warning). Not SCOORD3D: the store keeps no
   frame of reference UID. A series stored before 0002 (no geometry) has no coordinates.
+  A measurement is a caliper: an axis whose length on the slice differs from the exported value
+  by more than a pixel (the larger pixel spacing) would contradict it, so it is left out with
+  a warning and the value goes without coordinates (``dataset import --from sr`` skips a value
+  that contradicts its own line).
 """
 
 from __future__ import annotations
@@ -200,10 +204,19 @@ def _code(value: str, meaning: str) -> Any:
     return Code(value, PRIVATE_SCHEME, meaning)
 
 
-def _axes_on_slice(series: Series, finding: Finding) -> list[Any] | None:
+@dataclass(frozen=True)
+class _SliceAxis:
+    """One axis on the measured slice: SCOORD (column, row) end points and their length."""
+
+    column_row: Any  # (2, 2)
+    length_mm: float  # of the line on the slice (what a reader of the SR measures)
+    pixel_mm: float  # the larger pixel spacing of the slice
+
+
+def _axes_on_slice(series: Series, finding: Finding) -> list[_SliceAxis] | None:
     """The finding's axes as (column, row) image coordinates of the measured slice (DICOM
     SCOORD: the top left corner of the top left pixel is (0, 0), its centre (0.5, 0.5)), one
-    2x2 array per measurement; None without stored geometry or axes, or off the slice."""
+    per measurement; None without stored geometry or axes, or off the slice."""
     import numpy as np
 
     from ingestion.geometry import Geometry
@@ -218,6 +231,7 @@ def _axes_on_slice(series: Series, finding: Finding) -> list[Any] | None:
         slice_direction=tuple(g["slice_direction"]),
         spacing=tuple(g["spacing"]),
     )
+    pixel = max(geometry.row_spacing, geometry.column_spacing)
     out = []
     for segment in finding.axes_lps_mm["segments"]:
         index = geometry.lps_to_index(np.asarray(segment, dtype=np.float64))  # (2, 3) s, r, c
@@ -226,8 +240,36 @@ def _axes_on_slice(series: Series, finding: Finding) -> list[Any] | None:
                 "finding %d: axes leave the measured slice; not exported", finding.number
             )
             return None
-        out.append(np.stack([index[:, 2] + 0.5, index[:, 1] + 0.5], axis=1))
+        on_slice = index.copy()
+        on_slice[:, 0] = finding.slice_index
+        a, b = geometry.index_to_lps(on_slice)
+        out.append(
+            _SliceAxis(
+                np.stack([index[:, 2] + 0.5, index[:, 1] + 0.5], axis=1),
+                float(np.linalg.norm(b - a)),
+                pixel,
+            )
+        )
     return out
+
+
+def _caliper(finding: Finding, m: Measurement, value: float, axis: _SliceAxis | None) -> Any:
+    """The axis' SCOORD points, or None (with a warning) when its length contradicts ``value``
+    by more than a pixel (module doc, Axes)."""
+    if axis is None:
+        return None
+    if abs(value - axis.length_mm) <= axis.pixel_mm:
+        return axis.column_row
+    logger.warning(
+        "SR: finding %d, measurement %d: the value %g mm and its axis (%.4g mm on the slice) "
+        "differ by more than a pixel (%g mm); the axis is left out",
+        finding.number,
+        m.id,
+        value,
+        axis.length_mm,
+        axis.pixel_mm,
+    )
+    return None
 
 
 def _measurement(
@@ -292,7 +334,7 @@ def _group(run: Run, finding: Finding, limits: CorrectionLimits, left_out: list[
 
     axes = _axes_on_slice(run.series, finding)
     kept = [
-        (m, v, None if axes is None or i >= len(axes) else axes[i])
+        (m, v, _caliper(finding, m, v, None if axes is None or i >= len(axes) else axes[i]))
         for i, m in enumerate(finding.measurements)
         if (v := _plausible(finding, m, _value(m), limits, left_out)) is not None
     ]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ingestion.dataset.phantoms import import_phantoms
     from ingestion.dataset.recist import LesionAxes, VesselSection, lesion_axes, vessel_sections
     from ingestion.dataset.seg import import_seg
-    from ingestion.dataset.sr import import_sr
+    from ingestion.dataset.sr import ValueLimits, import_sr
 
 _SOURCES = {
     "ingestion.dataset.format": (
@@ -66,7 +66,7 @@ _SOURCES = {
         "vessel_sections",
     ),
     "ingestion.dataset.seg": ("import_seg",),
-    "ingestion.dataset.sr": ("import_sr",),
+    "ingestion.dataset.sr": ("ValueLimits", "import_sr"),
 }
 __all__ = [
     "FORMAT_NAME",
@@ -83,6 +83,7 @@ __all__ = [
     "Skipped",
     "SourceType",
     "TrueFinding",
+    "ValueLimits",
     "VesselSection",
     "finding_id",
     "findings_from_labels",

@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,7 @@ __all__ = [
     "Axis",
     "GroupRead",
     "ReadContext",
+    "ValueLimits",
     "children",
     "concept_name",
     "read_group",
@@ -151,12 +152,23 @@ def _referenced(item: Dataset, index: ImageIndex) -> SliceAt:
     return at
 
 
+class ValueLimits(Protocol):
+    """Which values are plausible: ``db.review.CorrectionLimits`` (the limits a reviewer's
+    correction must keep, the settings' ``RADCALIPER_MAX_*_MM``) is one."""
+
+    def problem(self, name: str, value_mm: float | None, /) -> str | None:
+        """Why ``value_mm`` is not a plausible value of measurement ``name``, or None."""
+        ...
+
+
 @dataclass(frozen=True)
 class ReadContext:
-    """What a group is read against: the images and the series the document names."""
+    """What a group is read against: the images, the series the document names and the
+    plausible values."""
 
     index: ImageIndex
     evidence: frozenset[str]  # series UIDs the document's evidence lists
+    limits: ValueLimits
 
 
 def _in_space(
@@ -177,8 +189,26 @@ def _line(item: Dataset, ctx: ReadContext, group_series: frozenset[str]) -> tupl
     return image_points_to_lps(points, at), at
 
 
+def _agrees(name: str, value: float, points: Points, at: SliceAt) -> None:
+    """Refuses a value that contradicts its own end points by more than a pixel of the image
+    they lie on (the larger pixel spacing: rounding the value, or the end points to pixels,
+    stays within it)."""
+    length = float(np.linalg.norm(points[-1] - points[0]))
+    geometry = at.ref.geometry
+    pixel = max(geometry.row_spacing, geometry.column_spacing)
+    if not abs(value - length) <= pixel:
+        raise UnusableError(
+            f"the {name.replace('_', ' ')} is {value:g} mm but its end points are {length:.4g} "
+            f"mm apart: the value contradicts its own coordinates by more than a pixel "
+            f"({pixel:g} mm)"
+        )
+
+
 def _axis(name: str, item: Dataset, ctx: ReadContext, group_series: frozenset[str]) -> Axis:
     value = _value_mm(item)
+    problem = ctx.limits.problem(name, value)
+    if problem is not None:
+        raise UnusableError(problem)
     for child in children(item):
         if child.ValueType not in ("SCOORD", "SCOORD3D"):
             continue
@@ -188,6 +218,7 @@ def _axis(name: str, item: Dataset, ctx: ReadContext, group_series: frozenset[st
             logger.info("%s: coordinates are not a 2-point line; not used", name)
             continue
         points, at = _line(child, ctx, group_series)
+        _agrees(name, value, points, at)
         return Axis(name, value, points, at)
     return Axis(name, value, None, None)
 

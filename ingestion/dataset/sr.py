@@ -30,7 +30,13 @@ What it reads, and the choices made (README "Datasets"):
   image (SCOORD) or the slice nearest the centre (SCOORD3D).
 - **Values** as written (FloatingPointValue where present, else NumericValue), in mm: UCUM mm;
   um, cm and m are converted. The value is the annotation: it is not replaced by the length of
-  its line.
+  its line. But it must be plausible and agree with its line, else the group is skipped with
+  the reason: within ``limits``, the limits a reviewer's correction must keep (the command line
+  passes ``db.review.CorrectionLimits`` from the settings, ``RADCALIPER_MAX_*_MM``: e.g. no
+  1e308 mm long axis), and, where the measurement has end points, no further from their
+  distance than one pixel of the image they lie on (the larger pixel spacing; the image is
+  always known, its geometry places the points): a 60 mm or a 1e-300 mm long axis drawn as a
+  52.6 mm line is not truth.
 - **Review** (radcaliper's own SR): values are the current ones (the reviewer's when corrected)
   and rejected measurements are not in the file (``app.sr``); a measurement whose review status
   (private scheme 99RADCAL) says rejected is left out all the same.
@@ -65,6 +71,7 @@ from ingestion.dataset._sr_group import (
     Axis,
     GroupRead,
     ReadContext,
+    ValueLimits,
     children,
     concept_name,
     read_group,
@@ -88,7 +95,7 @@ if TYPE_CHECKING:
 
     from ingestion.stack import SeriesRef
 
-__all__ = ["import_sr"]
+__all__ = ["ValueLimits", "import_sr"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +213,7 @@ def _import_file(
     index: ImageIndex,
     base: Provenance,
     annotator: str | None,
+    limits: ValueLimits,
     out: Collected,
 ) -> None:
     import highdicom as hd
@@ -240,7 +248,7 @@ def _import_file(
     ]
     if not groups:
         skip("", "the report holds no measurement group")
-    ctx = ReadContext(index, _evidence(sr))
+    ctx = ReadContext(index, _evidence(sr), limits)
     person, device = _observers(root)
     document = annotator or person or device or "unknown"
     verifiers = _verifiers(sr)
@@ -283,6 +291,7 @@ def _import_file(
 def import_sr(
     source: Path,
     *,
+    limits: ValueLimits,
     images: Path | None = None,
     annotator: str | None = None,
     licence: str = "unknown",
@@ -292,6 +301,8 @@ def import_sr(
 
     Args:
         source: a DICOM SR file, or a folder searched recursively (other files are ignored).
+        limits: which values are plausible (module doc, Values), e.g.
+            ``db.review.CorrectionLimits``; a group with a value outside them is skipped.
         images: where the referenced image series are (a folder tree of DICOM files); default:
             ``source`` when it is a folder, else the SR file's folder.
         annotator: who made the measurements; default: from each SR (module doc).
@@ -314,7 +325,7 @@ def import_sr(
         is_object=_is_sr,
         name="SR",
         import_file=lambda path, relative, index, base, out: _import_file(
-            path, relative, index, base, annotator, out
+            path, relative, index, base, annotator, limits, out
         ),
         on_item=on_item,
     )

@@ -17,14 +17,17 @@ from app.sr import export_study_sr
 from db.engine import Store, open_store
 from db.migrate import upgrade
 from db.models import Finding, Measurement, ReviewAction, Role
-from db.review import review_measurement
+from db.review import CorrectionLimits, review_measurement
 from db.users import add_user
 from ingestion.dataset.sr import import_sr
 from ingestion.load import load_path
 from ingestion.phantoms import write_phantoms
 from ingestion.volume import Volume
 
-from test_sr import AXES, VALUES, _store
+from test_sr import AXES, _store, _values
+
+LIMITS = CorrectionLimits()  # the default limits (the command line: the settings')
+CORRECTED = 9.25  # the reviewer's short axis: shorter than the long axis, else no lesion
 
 
 @pytest.fixture
@@ -53,13 +56,14 @@ def test_an_exported_study_imports_with_its_current_values(
 ) -> None:
     dicom, volume = study
     study_uid = _store(sqlite_store, volume)
+    assert _values(volume)[0] > CORRECTED
     with sqlite_store.reader() as session:
         pending = export_study_sr(session, study_uid, tmp_path / "pending")
         slices = {f.kind: f.slice_index for f in session.execute(select(Finding)).scalars()}
-    before = import_sr(pending.path, images=dicom)
+    before = import_sr(pending.path, images=dicom, limits=LIMITS)
     assert not before.skipped
     lesion, vessel = sorted(before.findings, key=lambda f: f.kind)
-    assert (lesion.long_axis_mm, lesion.short_axis_mm, vessel.diameter_mm) == VALUES
+    assert (lesion.long_axis_mm, lesion.short_axis_mm, vessel.diameter_mm) == _values(volume)
     assert lesion.slice_index == slices["lesion"] and vessel.slice_index == slices["vessel"]
     for got, k, on in (
         (lesion.long_axis_lps_mm, 0, "lesion"),
@@ -84,7 +88,7 @@ def test_an_exported_study_imports_with_its_current_values(
         ).scalars()
         for m, who, action, value in (
             (long_axis, alice, ReviewAction.ACCEPT, None),
-            (short_axis, bob, ReviewAction.CORRECT, 18.25),
+            (short_axis, bob, ReviewAction.CORRECT, CORRECTED),
             (diameter, alice, ReviewAction.REJECT, None),
         ):
             review_measurement(
@@ -100,14 +104,17 @@ def test_an_exported_study_imports_with_its_current_values(
     with sqlite_store.reader() as session:
         reviewed = export_study_sr(session, study_uid, tmp_path / "reviewed")
     assert reviewed.verified
-    after = import_sr(reviewed.path, images=dicom)
+    after = import_sr(reviewed.path, images=dicom, limits=LIMITS)
     assert not after.skipped
     (lesion_after,) = after.findings  # the vessel's only measurement was rejected: absent
     assert lesion_after.kind == "lesion"
-    assert (lesion_after.long_axis_mm, lesion_after.short_axis_mm) == (VALUES[0], 18.25)
+    assert (lesion_after.long_axis_mm, lesion_after.short_axis_mm) == (
+        _values(volume)[0],
+        CORRECTED,
+    )
     assert lesion_after.short_axis_lps_mm is None  # a corrected value carries no axis
     np.testing.assert_allclose(lesion_after.long_axis_lps_mm, lesion.long_axis_lps_mm, atol=1e-9)
     assert lesion_after.center_lps_mm == lesion.center_lps_mm
     assert lesion_after.provenance.annotator.endswith("(model), corrected by alice, bob")
-    again = import_sr(reviewed.path, images=dicom)
+    again = import_sr(reviewed.path, images=dicom, limits=LIMITS)
     assert [f.to_json() for f in again.findings] == [f.to_json() for f in after.findings]

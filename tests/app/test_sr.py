@@ -34,8 +34,18 @@ from db_helpers import make_result, store_one
 runner = CliRunner()
 AXES = (((10.0, 12.0), (20.25, 30.5)), ((14.0, 25.0), (18.0, 17.0)))  # (row, column) pairs
 SCT = {"long_axis": "103339001", "short_axis": "103340004", "diameter": "81827009"}
-# awkward floats: the SR must carry them exactly, not rounded to 16 DS characters
-VALUES = (31.234567890123456, 19.87654321098765, 24.681357913579246)
+
+
+def _values(volume: Volume) -> tuple[float, float, float]:
+    """The stored values: each the length of its axis (a measurement is a caliper), awkward
+    floats that the SR must carry exactly, not rounded to 16 DS characters: long axis
+    (AXES[0]), short axis (AXES[1]), diameter (AXES[0])."""
+
+    def length(pair: Any) -> float:
+        a, b = (volume.geometry.index_to_lps([0, r, c]) for r, c in pair)
+        return float(np.linalg.norm(b - a))
+
+    return length(AXES[0]), length(AXES[1]), length(AXES[0])
 
 
 def _dciodvfy(path: Path) -> None:
@@ -51,7 +61,7 @@ def _dciodvfy(path: Path) -> None:
 
 
 def _store(store: Store, volume: Volume, findings: bool = True) -> str:
-    result = make_result(volume, values=VALUES)
+    result = make_result(volume, values=_values(volume))
     on_slice = [  # axes on each finding's slice, from (row, column) index pairs
         dataclasses.replace(
             f,
@@ -140,19 +150,26 @@ def _check_against_store(store: Store, path: Path, study_uid: str, axes: Any = A
                     continue
                 assert value == row.value_mm
                 assert unit == "mm" == row.unit
-                (coordinates,) = read.referenced_coordinates
-                assert coordinates.GraphicType == "POLYLINE"
-                on_image = coordinates.ContentSequence[0].ReferencedSOPSequence[0]
-                assert on_image.ReferencedSOPInstanceUID == finding.sop_instance_uid
-                column_row = np.asarray(coordinates.GraphicData, dtype=np.float64).reshape(2, 2)
                 k = [n.name for n in finding.measurements].index(row.name)
-                if axes is not None:  # the (row, column) pairs the axes were made from
-                    expected = np.asarray(axes[k], dtype=np.float64)[:, ::-1] + 0.5
-                    np.testing.assert_allclose(column_row, expected, atol=1e-4)
                 g = Geometry(**{n: tuple(v) for n, v in run.series.geometry.items()})
                 index = g.lps_to_index(finding.axes_lps_mm["segments"][k])  # (slice, row, col)
                 assert np.all(np.abs(index[:, 0] - finding.slice_index) <= 0.5)
-                np.testing.assert_allclose(column_row, index[:, [2, 1]] + 0.5, atol=1e-3)
+                on_slice = index.copy()
+                on_slice[:, 0] = finding.slice_index
+                length = float(np.linalg.norm(np.subtract(*g.index_to_lps(on_slice))))
+                if abs(value - length) > max(g.row_spacing, g.column_spacing):
+                    assert not read.referenced_coordinates  # its caliper would contradict it
+                else:
+                    (coordinates,) = read.referenced_coordinates
+                    assert coordinates.GraphicType == "POLYLINE"
+                    on_image = coordinates.ContentSequence[0].ReferencedSOPSequence[0]
+                    assert on_image.ReferencedSOPInstanceUID == finding.sop_instance_uid
+                    column_row = np.asarray(coordinates.GraphicData, dtype=np.float64)
+                    column_row = column_row.reshape(2, 2)
+                    if axes is not None:  # the (row, column) pairs the axes were made from
+                        expected = np.asarray(axes[k], dtype=np.float64)[:, ::-1] + 0.5
+                        np.testing.assert_allclose(column_row, expected, atol=1e-4)
+                    np.testing.assert_allclose(column_row, index[:, [2, 1]] + 0.5, atol=1e-3)
                 props = _items(read[0])
                 low, low_unit = _num(props["-, range of lower measurement uncertainty"][0])
                 high, high_unit = _num(props["+, range of upper measurement uncertainty"][0])
@@ -218,6 +235,36 @@ def test_a_reviewed_study_is_verified_by_its_reviewers(
         stored = reviewed[name]
         stored = stored if stored.tzinfo else stored.replace(tzinfo=UTC)  # SQLite: naive UTC
         assert abs((at - stored).total_seconds()) < 1e-3
+
+
+def test_an_axis_that_contradicts_its_value_is_left_out(
+    store: Store, volume: Volume, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A measurement is a caliper: a stored long axis 2 mm longer than its line (a model whose
+    values and axes disagree) is exported without the line, with a warning; the short axis,
+    its line a pixel's fraction off, keeps it."""
+    study_uid = _store(store, volume)
+    long_mm, short_mm, _ = _values(volume)
+    with store.writer() as session:
+        long_axis, short_axis, _ = session.execute(
+            select(Measurement).order_by(Measurement.id)
+        ).scalars()
+        long_axis.value_mm = long_mm + 2.0
+        short_axis.value_mm = short_mm + 0.25
+        session.commit()
+    with store.reader() as session, caplog.at_level("WARNING", logger="app.sr"):
+        done = export_study_sr(session, study_uid, tmp_path / "sr")
+    _dciodvfy(done.path)
+    _check_against_store(store, done.path, study_uid)
+    _, groups = _read_back(done.path)
+    lesion = next(g for g in groups.values() if g.tracking_identifier == "finding 1")
+    by_code = {m.name.value: m for m in lesion.get_measurements()}
+    assert _num(by_code[SCT["long_axis"]][0]) == (long_mm + 2.0, "mm")
+    assert not by_code[SCT["long_axis"]].referenced_coordinates
+    assert by_code[SCT["short_axis"]].referenced_coordinates
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"finding 1, measurement {long_axis.id}" in warned
+    assert "differ by more than a pixel" in warned and "the axis is left out" in warned
 
 
 def test_a_series_stored_before_schema_0002_has_no_axis_coordinates(
@@ -345,10 +392,10 @@ def test_implausible_stored_values_are_left_out_and_the_sr_is_not_verified(
     assert (sr.VerificationFlag, sr.CompletionFlag) == ("UNVERIFIED", "PARTIAL")
     (group,) = groups.values()
     (read,) = group.get_measurements()
-    assert read.name.value == SCT["short_axis"] and _num(read[0]) == (VALUES[1], "mm")
+    assert read.name.value == SCT["short_axis"] and _num(read[0]) == (_values(volume)[1], "mm")
     with store.reader() as session:
         row = session.get(Measurement, short_axis)
-        assert row is not None and row.value_mm == VALUES[1]
+        assert row is not None and row.value_mm == _values(volume)[1]
     command = ["export-sr", study_uid, str(tmp_path / "cli"), "--db", str(store.url)]
     done_by_cli = runner.invoke(app, command)
     assert done_by_cli.exit_code == 0, done_by_cli.output

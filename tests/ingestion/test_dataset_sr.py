@@ -22,6 +22,7 @@ from pydicom import Dataset, dcmread
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
+from db.review import CorrectionLimits
 from ingestion.dataset.format import Label, SourceType
 from ingestion.dataset.sr import import_sr
 from ingestion.errors import ConfigurationError
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.skipif(
 OHIF_LONG = Code("G-A185", "SRT", "Long Axis")
 OHIF_SHORT = Code("G-A186", "SRT", "Short Axis")
 CASES = ("lidc0314_nodule", "lung1_001_gtv", "ts_abdomen_dicom")
+LIMITS = CorrectionLimits()  # what a correction may be (the command line: the settings')
 OTHER = "sts_002_sarcoma"  # a case whose images are not in the images folder
 
 
@@ -266,7 +268,7 @@ def test_an_ohif_bidirectional_measurement_gives_back_its_values_and_end_points(
 ) -> None:
     case = cases["lidc0314_nodule"]
     truth = case.truth["lesions"][0]
-    done = import_sr(reports / "a" / "lidc.dcm", images=images, licence="CC BY 3.0")
+    done = import_sr(reports / "a" / "lidc.dcm", images=images, licence="CC BY 3.0", limits=LIMITS)
     assert done.source is SourceType.SR and done.path == str((reports / "a" / "lidc.dcm").resolve())
     (finding,) = done.findings
     assert finding.kind == "lesion" and finding.label is Label.FINDING
@@ -290,7 +292,7 @@ def test_an_ohif_bidirectional_measurement_gives_back_its_values_and_end_points(
 def test_groups_radcaliper_cannot_use_are_reported_with_their_reason(
     cases: dict[str, Case], reports: Path, images: Path
 ) -> None:
-    done = import_sr(reports / "a" / "lidc.dcm", images=images)
+    done = import_sr(reports / "a" / "lidc.dcm", images=images, limits=LIMITS)
     lines = {s.item: s.reason for s in done.skipped}
     foreign = Case(OTHER).image(0).SOPInstanceUID
     assert set(lines) == {
@@ -316,7 +318,7 @@ def test_scoord3d_lines_are_patient_coordinates(
     cases: dict[str, Case], reports: Path, images: Path
 ) -> None:
     truth = cases["lung1_001_gtv"].truth["lesions"][0]
-    done = import_sr(reports / "b" / "lung1.dcm", images=images)
+    done = import_sr(reports / "b" / "lung1.dcm", images=images, limits=LIMITS)
     assert not done.skipped
     (finding,) = done.findings
     assert (finding.long_axis_mm, finding.short_axis_mm) == (
@@ -333,7 +335,7 @@ def test_scoord3d_lines_are_patient_coordinates(
 def test_a_folder_of_reports_imports_each_and_ignores_other_files(
     cases: dict[str, Case], reports: Path, images: Path
 ) -> None:
-    done = import_sr(reports, images=images, annotator="reader 7")
+    done = import_sr(reports, images=images, annotator="reader 7", limits=LIMITS)
     by_file = {f.provenance.item.split(",")[0]: f for f in done.findings}
     assert set(by_file) == {"a/lidc.dcm", "b/lung1.dcm", "c/aorta.sr"}
     vessel = by_file["c/aorta.sr"]
@@ -350,7 +352,7 @@ def test_a_folder_of_reports_imports_each_and_ignores_other_files(
 
 
 def test_importing_twice_gives_identical_rows(reports: Path, images: Path) -> None:
-    first, second = (import_sr(reports, images=images) for _ in range(2))
+    first, second = (import_sr(reports, images=images, limits=LIMITS) for _ in range(2))
     assert [f.to_json() for f in first.findings] == [f.to_json() for f in second.findings]
     assert [s.to_json() for s in first.studies] == [s.to_json() for s in second.studies]
     assert [s.to_json() for s in first.skipped] == [s.to_json() for s in second.skipped]
@@ -360,15 +362,15 @@ def test_importing_twice_gives_identical_rows(reports: Path, images: Path) -> No
 def test_reports_whose_series_is_not_there_and_bad_inputs(
     reports: Path, images: Path, tmp_path: Path
 ) -> None:
-    done = import_sr(reports / "b" / "lung1.dcm", images=images / "lidc0314_nodule")
+    done = import_sr(reports / "b" / "lung1.dcm", images=images / "lidc0314_nodule", limits=LIMITS)
     assert not done.findings and not done.studies
     (line,) = done.skipped
     assert "frame of reference" in line.reason and "no series under" in line.reason
     (tmp_path / "x.txt").write_text("hello", encoding="utf-8")
-    empty = import_sr(tmp_path, images=images)
+    empty = import_sr(tmp_path, images=images, limits=LIMITS)
     assert [s.reason for s in empty.skipped] == ["no DICOM SR file under this folder"]
     with pytest.raises(ConfigurationError, match="no such SR file or folder"):
-        import_sr(tmp_path / "missing.dcm")
+        import_sr(tmp_path / "missing.dcm", limits=LIMITS)
 
 
 def test_a_region_gives_the_position_of_values_without_lines(
@@ -389,7 +391,7 @@ def test_a_region_gives_the_position_of_values_without_lines(
         "outlined", [_measurement(codes.SCT.Diameter, 27.5)], codes.SCT.Aorta, region=circle
     )
     path = _write(tmp_path / "outlined.dcm", [group], case.headers)
-    (vessel,) = import_sr(path, images=images / "ts_abdomen_dicom").findings
+    (vessel,) = import_sr(path, images=images / "ts_abdomen_dicom", limits=LIMITS).findings
     assert vessel.kind == "vessel" and vessel.diameter_mm == 27.5
     assert vessel.diameter_lps_mm is None and vessel.slice_index == k
     np.testing.assert_allclose(vessel.center_lps_mm, aorta["center_lps_mm"], atol=0.01)
