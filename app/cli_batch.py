@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from app.cli_model import deferred_measurer
-from app.cli_store import DbOption, open_database
+from app.cli_store import DbOption, checked, open_database
 from app.console import EXIT_NOTHING, cli_actor, err, out, settings_of
 from app.progress import progress_display
 
@@ -251,7 +251,7 @@ def batch(
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
     if work is None:  # the work index holds headers: inside the owner-only data dir
-        owner_only_dir(settings.data_dir)
+        checked(lambda: owner_only_dir(settings.data_dir))
     options = BatchOptions(
         root=root,
         work_dir=work or default_work_dir(settings.data_dir, root),

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from app.cli_store import DbOption, open_database
+from app.cli_store import DbOption, checked, open_database
 from app.console import (
     EXIT_NOTHING,
     EXIT_OK,
@@ -138,10 +138,10 @@ def measure(
         from app.resident import forward
 
         verbosity = ctx.find_root().params.get("verbose") or 0
-        status = forward(_settings(ctx).data_dir, command_args(ctx), verbosity=verbosity)
+        data_dir = _settings(ctx).data_dir
+        status = checked(lambda: forward(data_dir, command_args(ctx), verbosity=verbosity))
         if status is not None:
             raise typer.Exit(status)
-    from app.cli_store import checked
     from app.heap import keep_freed_memory
     from app.measuring import measure_and_store
     from app.threads import command_started, measuring_threads, torch_threads
@@ -831,6 +831,10 @@ def evaluate(
         base = TrainConfig() if config_file is None else _read_train_config(config_file)
         if steps is not None:
             base = _with_steps(base, steps)
+    if work is None:  # the compared models go into the data dir: an own one only
+        from app.files import owner_only_dir
+
+        checked(lambda: owner_only_dir(settings.data_dir))
     work_dir = work or settings.data_dir / ("evaluate-quick" if quick else "evaluate")
     held_out = PhantomSource(seed)
     half = studies // 2
@@ -996,7 +1000,7 @@ def serve(
     from ingestion import Modality
 
     settings = _settings(ctx)
-    owner_only_dir(settings.data_dir)  # uploads, the demo studies, the UI's temporary files
+    checked(lambda: owner_only_dir(settings.data_dir))  # uploads, demo studies, UI temp files
     store = open_database(ctx, db, create=True)
     context = UiContext(
         store=store,

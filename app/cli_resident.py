@@ -42,15 +42,17 @@ def resident(
     is stored are the same. Commands run one at a time. A checkpoint whose files changed is
     loaded again; a client of other radcaliper code (an update since this started) is refused
     and measures in its own process. Ctrl-C or SIGTERM stops it after the command it runs.
-    Listens at DATA_DIR/resident.sock (owner only). 'measure --no-resident' never uses it.
+    Listens at DATA_DIR/resident.sock (owner only; a data dir of another user, or one that
+    others may write, is refused). 'measure --no-resident' never uses it.
     """
     from app.cli_model import load_measurer
     from app.resident import ResidentError, keeping_models, listen, serve
+    from ingestion.errors import ConfigurationError
 
     settings = settings_of(ctx)
     try:
         listener = listen(settings.data_dir)
-    except ResidentError as exc:
+    except (ResidentError, ConfigurationError) as exc:  # a data dir another user may change
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
     try:

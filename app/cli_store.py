@@ -64,13 +64,15 @@ def _url(ctx: typer.Context, db: str | None) -> tuple[str, bool]:
 
 
 def checked(action: Callable[[], T]) -> T:
-    """Run a database action; one clear line and exit 2 when it fails. SQLAlchemy is imported
-    only when the action fails (a command without a store never loads it)."""
-    from ingestion.errors import StorageError
+    """Run a database action (or one on the data dir); one clear line and exit 2 when it fails
+    (``StorageError``, ``ConfigurationError``: e.g. a data dir or database file of another user).
+    SQLAlchemy is imported only when the action fails (a command without a store never loads
+    it)."""
+    from ingestion.errors import ConfigurationError, StorageError
 
     try:
         return action()
-    except StorageError as exc:
+    except (StorageError, ConfigurationError) as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from exc
     except Exception as exc:
@@ -85,18 +87,23 @@ def checked(action: Callable[[], T]) -> T:
         raise typer.Exit(EXIT_NOTHING) from exc
 
 
-def open_database(ctx: typer.Context, db: str | None, *, create: bool = False) -> Any:
+def open_database(
+    ctx: typer.Context, db: str | None, *, create: bool = False, earlier_schema: bool = False
+) -> Any:
     """The store at ``--db`` / the settings' URL, schema-checked; exits 2 with the reason when
     it cannot be used. A database without any table (a new SQLite file, an empty PostgreSQL
     database) gets the schema when ``create`` (commands that store) or when it is the default
-    SQLite file; one at another schema version is refused ("run radcaliper db upgrade")."""
+    SQLite file; one at another schema version is refused ("run radcaliper db upgrade"), or
+    with ``earlier_schema`` one at a later schema only (``audit verify``)."""
     from app.files import owner_only_dir
     from db.engine import open_store
 
     url, default = _url(ctx, db)
     if default:
-        owner_only_dir(settings_of(ctx).data_dir)
-    return checked(lambda: open_store(url, create_if_empty=create or default))
+        checked(lambda: owner_only_dir(settings_of(ctx).data_dir))
+    return checked(
+        lambda: open_store(url, create_if_empty=create or default, earlier_schema=earlier_schema)
+    )
 
 
 def _when(name: str, value: str | None) -> datetime | None:
@@ -162,7 +169,13 @@ def db_upgrade(
     db: DbOption = None,
     revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
 ) -> None:
-    """Create the tables, or migrate them to this radcaliper's schema."""
+    """Create the tables, or migrate them to this radcaliper's schema.
+
+    Before it migrates a database that has a schema, it checks that the audit log vouches for
+    what the database holds (as 'audit verify' does, at the database's schema) and refuses,
+    exit 2 naming the first difference, when it does not: a migration never records rows
+    changed outside radcaliper as trusted. The migration is recorded in the audit log.
+    """
     from db.engine import redacted
     from db.migrate import current, upgrade
 
@@ -177,12 +190,16 @@ def db_downgrade(
     revision: Annotated[str, typer.Argument(help="Target revision ('base': drop all tables).")],
     db: DbOption = None,
 ) -> None:
-    """Migrate the schema back to REVISION (the data of dropped tables is lost)."""
+    """Migrate the schema back to REVISION (the data of dropped tables and columns is lost).
+
+    Like 'db upgrade', it first checks that the audit log vouches for the database (exit 2
+    naming the first difference when it does not), and records the migration in the log.
+    """
     from db.engine import redacted
     from db.migrate import current, downgrade
 
     url, _ = _url(ctx, db)
-    checked(lambda: downgrade(url, revision))
+    checked(lambda: downgrade(url, revision, actor=cli_actor()))
     now = checked(lambda: current(url))
     out.print(f"{safe(redacted(url))} is at schema {now or 'base (no tables)'}")
 
@@ -411,7 +428,10 @@ def audit_verify(
     """Check the hash chain of the audit log and every stored row it covers against it.
 
     Covered: users, studies, series, runs, findings, measurements and reviews (every fact a
-    result, an SR or an audit answer is built from). Exit status: 0 intact (the head hash is
+    result, an SR or an audit answer is built from). Also checked: one audit head row, the
+    log's append-only triggers, and that the schema the log says the database was migrated to
+    is the one it says it is at. A database at an earlier schema (before 'db upgrade') is
+    checked as that schema's log covers it. Exit status: 0 intact (the head hash is
     printed: keep it elsewhere and pass it back with --head next time, or with --since-head
     for a quick check of what was added since), 1 tampered (the first problem is named: the
     event, or the table, row and field that differs), 2 the check could not run (e.g. an
@@ -419,7 +439,7 @@ def audit_verify(
     """
     from db.audit import verify
 
-    store = open_database(ctx, db)
+    store = open_database(ctx, db, earlier_schema=True)
     try:
         with store.reader() as session:
             report = checked(

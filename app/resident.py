@@ -14,11 +14,12 @@ model classes and MONAI take about 3.9 s of 7.8 on 2 cores, for 2.3 s of inferen
   process (tested); only the time differs.
 - One command at a time; others wait their turn.
 
-Trust. The socket is in the data dir (owner only, ``app.files.owner_only_dir``) and is itself
-owner only; on Linux each side also checks that the other runs as the same user
-(``SO_PEERCRED``). The resident refuses a command when it runs other code than the client (the
-installed sources or packages changed since it started) or speaks another protocol; the client
-then says so and measures in its own process. A model's files are looked at for every command
+Trust. The socket is in the data dir (owner only, ``app.files.owner_only_dir``; a data dir of
+another user or that others may write is refused on both sides) and is itself owner only; on
+Linux each side also checks that the other runs as the same user (``SO_PEERCRED``). The
+resident refuses a command when it runs other code than the client (the installed sources or
+packages changed since it started) or speaks another protocol; the client then says so and
+measures in its own process. A model's files are looked at for every command
 (name, size, time and inode of each): a changed checkpoint is loaded again, never measured with
 the old weights.
 
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import IO, TypeVar, cast
 
 from app.threads import CpuTimes, cpu_times
+from db.private_paths import check_private_path
 from ingestion.errors import RadcaliperError
 
 __all__ = [
@@ -175,9 +177,15 @@ def _is_socket(path: Path) -> bool:
 def forward(data_dir: Path, args: list[str], *, verbosity: int = 0) -> int | None:
     """Run ``radcaliper measure ARGS`` in the resident of ``data_dir`` when one listens: its
     output is written here as it comes, and its exit status returned. None when there is no
-    resident, or it refused (a warning says why): measure in this process then."""
+    resident, or it refused (a warning says why): measure in this process then.
+
+    Raises:
+        ConfigurationError: the data dir (the socket's folder) belongs to another user, or
+            others may change it (``db.private_paths``).
+    """
     if _serving:
         return None
+    check_private_path(data_dir, "data dir")  # the socket folder: ours, nobody else's
     path = socket_path(data_dir)
     if not _is_socket(path):
         return None
@@ -350,7 +358,8 @@ def _answers(path: Path) -> bool:
 
 def listen(data_dir: Path) -> Listener:
     """Listen at the data dir's socket (created owner only). ``ResidentError`` when a resident
-    already listens there, or the path is too long for a Unix socket."""
+    already listens there, or the path is too long for a Unix socket; ``ConfigurationError``
+    for a data dir that another user owns or may change (``app.files.owner_only_dir``)."""
     from app.files import owner_only_dir
 
     path = socket_path(data_dir)

@@ -8,7 +8,9 @@
   ``SchemaVersionError`` with what to do (``radcaliper db upgrade``); with ``create_if_empty`` a
   database without any table (a new SQLite file, an empty PostgreSQL database) gets the schema,
   with one log line.
-- A new SQLite file is created readable by its owner only (0600), in folders created 0700.
+- A new SQLite file is created readable by its owner only (0600), in folders created 0700; a
+  file of another user, one that others may write or one in a folder others may write is
+  refused (``ConfigurationError``, ``db.private_paths``).
 
 Nothing connects at import time.
 """
@@ -29,6 +31,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from db.private_paths import check_private_path, make_private_dirs
 from ingestion.errors import SchemaVersionError, StorageError
 
 __all__ = ["Store", "connect", "in_memory", "open_store", "redacted", "session_scope"]
@@ -36,6 +39,7 @@ __all__ = ["Store", "connect", "in_memory", "open_store", "redacted", "session_s
 logger = logging.getLogger(__name__)
 
 _WRITE = "radcaliper_write"
+_COMPANIONS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
 
 
 def in_memory(url: str | URL) -> bool:
@@ -60,7 +64,8 @@ def _normalised(url: str) -> str:
 
 
 def connect(url: str) -> Engine:
-    """An engine for ``url`` (not yet connected). Raises ``StorageError`` for a bad URL."""
+    """An engine for ``url`` (not yet connected). Raises ``StorageError`` for a bad URL,
+    ``ConfigurationError`` for an SQLite file another user owns or may change."""
     url = _normalised(url)
     try:
         parsed = make_url(url)
@@ -89,21 +94,22 @@ def connect(url: str) -> Engine:
 def _owner_only_file(path: Path) -> None:
     """Create an SQLite database file readable by its owner only (0600; SQLite gives its WAL
     and shared-memory files the same mode), and the folders leading to it (0700). An existing
-    file that others may read loses those permissions, with a warning."""
-    missing = []
-    folder = path.parent
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for created in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            created.mkdir(mode=0o700)
+    own file that others may read loses those permissions, with a warning. A file (or a
+    journal beside it) of another user or that others may write, or one in a folder others may
+    write, is refused (``db.private_paths``)."""
+    check_private_path(path, "database file")
+    for suffix in _COMPANIONS:  # a journal SQLite would read back into the database
+        companion = path.with_name(path.name + suffix)
+        if companion.exists() or companion.is_symlink():
+            check_private_path(companion, "database file")
+    make_private_dirs(path.parent)
     if not path.exists():
         with contextlib.suppress(FileExistsError):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        return
+            return
+        check_private_path(path, "database file")  # made by someone else meanwhile
     mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o007 and path.stat().st_uid == os.geteuid():
+    if mode & 0o007:
         os.chmod(path, mode & ~0o007)
         logger.warning(
             "the database file %s was readable by other users (mode %o); they no longer have "
@@ -173,17 +179,30 @@ def _current_revision(engine: Engine) -> str | None:
         return stored_revision(connection)
 
 
-def open_store(url: str, *, create_if_empty: bool = False) -> Store:
+def _earlier(revision: str, head: str) -> bool:
+    from db.coverage import revision_number
+
+    try:
+        return revision_number(revision) < revision_number(head)
+    except ValueError:
+        return False
+
+
+def open_store(url: str, *, create_if_empty: bool = False, earlier_schema: bool = False) -> Store:
     """Connect and check the schema.
 
     Args:
         url: SQLAlchemy URL (``sqlite:///...`` or ``postgresql://...``).
         create_if_empty: upgrade a database that has no tables at all to the current schema
             (the default SQLite file on first use).
+        earlier_schema: accept a database at an earlier radcaliper schema too (what ``audit
+            verify`` reads: it compares rows as that schema's log covers them); nothing may
+            be written to it.
 
     Raises:
         StorageError: the database cannot be reached (the message says which and why).
         SchemaVersionError: no radcaliper schema, or another version of it.
+        ConfigurationError: an SQLite file that another user owns or may change.
     """
     from db.migrate import SCHEMA_HEAD, upgrade
 
@@ -209,6 +228,8 @@ def open_store(url: str, *, create_if_empty: bool = False) -> Store:
         engine.dispose()
         raise StorageError(f"database {redacted(url)}: {error}") from error
     head = SCHEMA_HEAD
+    if earlier_schema and current is not None and _earlier(current, head):
+        return Store(engine, url)
     if current != head:
         engine.dispose()
         found = "no radcaliper schema" if current is None else f"schema version {current}"
