@@ -42,6 +42,14 @@ head) and the rows the later events recorded, each against its last logged state
 events and the rows only they recorded are not read again, and rows added outside radcaliper
 are not looked for: a full verify does both.
 
+Besides the rows, a verify checks the log's own guards: exactly one ``audit_head`` row, the
+append-only triggers as schema 0001 created them (:mod:`db.append_only`), and that the schema
+revision the events say the database was last migrated to (``schema.upgraded`` /
+``schema.downgraded`` events, or for older logs what their content implies) is the one its
+version table says: a version set back outside radcaliper, to make a migration record tampered
+rows as a new baseline, shows. :func:`db.migrate.upgrade` and ``downgrade`` run this check
+first and refuse to migrate a database it does not vouch for.
+
 What cannot be detected from inside the database: someone who rewrites the whole chain from some
 event on, head included. Keep the head hash that ``radcaliper audit verify`` prints somewhere else
 (a ticket, a signed report) and pass it back with ``--head`` to detect that too.
@@ -55,7 +63,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Connection, MetaData, select
 from sqlalchemy.orm import Session
 
 from db.coverage import canonical_json, canonical_time, measurement_state, review_state
@@ -67,6 +75,7 @@ __all__ = [
     "UnknownHeadError",
     "VerifyReport",
     "append_event",
+    "append_event_core",
     "canonical_time",
     "event_hash",
     "measurement_state",
@@ -137,6 +146,45 @@ def append_event(
     return event
 
 
+def append_event_core(
+    connection: Connection,
+    *,
+    actor: str,
+    action: str,
+    object_type: str,
+    object_id: int | None,
+    details: Mapping[str, Any],
+) -> int:
+    """Append one event through SQLAlchemy Core on tables reflected from the database (what a
+    migration writes, whatever the models say); its id."""
+    tables = MetaData()
+    tables.reflect(connection, only=("audit_events", "audit_head"))
+    events, head = tables.tables["audit_events"], tables.tables["audit_head"]
+    query = select(head.c.last_id, head.c.last_hash).where(head.c.id == 1)
+    if connection.dialect.name == "postgresql":
+        query = query.with_for_update()
+    last_id, last_hash = connection.execute(query).one()
+    at, event_id = datetime.now(UTC), int(last_id) + 1
+    digest = event_hash(last_hash, event_id, at, actor, action, object_type, object_id, details)
+    connection.execute(
+        events.insert().values(
+            id=event_id,
+            at=at,
+            actor=actor,
+            action=action,
+            object_type=object_type,
+            object_id=object_id,
+            details=dict(details),
+            prev_hash=last_hash,
+            hash=digest,
+        )
+    )
+    connection.execute(
+        head.update().where(head.c.id == 1).values(last_id=event_id, last_hash=digest)
+    )
+    return event_id
+
+
 # --- verification -------------------------------------------------------------------------------
 
 
@@ -165,7 +213,14 @@ def verify(
     since_head: str | None = None,
     processes: int = 1,
 ) -> VerifyReport:
-    """Check the chain, then every covered row (:mod:`db.coverage`) against the log.
+    """Check the chain, then every covered row (:mod:`db.coverage`) against the log, then the
+    log's own guards: one ``audit_head`` row, the append-only triggers (:mod:`db.append_only`)
+    and, on a full verify, that the schema the events say the database is at is the one its
+    version table says.
+
+    The rows are compared as the database's schema covers them (:data:`db.coverage.COVERED_SINCE`):
+    a database at an earlier schema (the check before a migration) has its covered tables
+    compared whole and the others' logged rows one by one; a column it lacks reads as NULL.
 
     Args:
         session: a session on the store (best a fresh one: on PostgreSQL its transaction is

@@ -57,12 +57,23 @@ from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-from sqlalchemy import JSON, Column, DateTime, Table, func, select, text
+from sqlalchemy import JSON, Column, DateTime, Table, func, inspect, literal, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from db.append_only import append_only_problem
 from db.audit import GENESIS, UnknownHeadError, VerifyReport, event_hash
-from db.coverage import COVERED_TABLES, canonical_json, canonical_time, digest, logged_states
+from db.coverage import (
+    COVERED_SINCE,
+    COVERED_TABLES,
+    canonical_json,
+    canonical_time,
+    digest,
+    implied_revision,
+    logged_states,
+    revision_number,
+    schema_change,
+)
 from db.engine import in_memory
 from db.models import AuditEvent, AuditHead, Base
 
@@ -236,11 +247,29 @@ class _Source:
         self.dbapi: Any = connection.connection.dbapi_connection
         self.mark = "%s" if self.postgres else "?"
         self._cursors = itertools.count()
+        self._present: dict[str, frozenset[str]] = {}
         at_type = _table("audit_events").c.at.type
         self._event_time = at_type.dialect_impl(self.dialect).result_processor(self.dialect, None)
 
     def quote(self, name: str) -> str:
         return str(self.dialect.identifier_preparer.quote(name))
+
+    def present(self, table: str) -> frozenset[str]:
+        """The columns ``table`` has in this database (a database at an earlier schema, or
+        one whose columns were dropped, lacks some of the model's: they read as NULL)."""
+        found = self._present.get(table)
+        if found is None:
+            columns = inspect(self.session.connection()).get_columns(table)
+            found = self._present[table] = frozenset(c["name"] for c in columns)
+        return found
+
+    def select_list(self, table: str) -> str:
+        """The model's columns of ``table`` for a SELECT, NULL for those the table lacks."""
+        present = self.present(table)
+        return ", ".join(
+            self.quote(c.name) if c.name in present else f"NULL AS {self.quote(c.name)}"
+            for c in _table(table).columns
+        )
 
     def marks(self, count: int) -> str:
         return ", ".join([self.mark] * count)
@@ -308,12 +337,47 @@ def _head(session: Session) -> tuple[int, str] | None:
 @dataclass
 class _Chain:
     """Where the walk along the chain stands: the last event checked and how many; for a walk
-    that starts on an unknown event (the second process), that event's id and prev_hash."""
+    that starts on an unknown event (the second process), that event's id and prev_hash. And
+    what the events say of the schema: the last schema event (its id, the revision it migrated
+    to), and after it the event whose content implies the latest revision (its id, that
+    revision)."""
 
     last_id: int
     last_hash: str
     count: int = 0
     first: tuple[int, str] | None = None
+    schema: tuple[int, str | None] | None = None
+    implied: tuple[int, str] | None = None
+
+    def note_schema(self, event_id: int, action: str, details: Mapping[str, Any]) -> None:
+        change = schema_change(action, details)
+        if change is not None:
+            self.schema, self.implied = (event_id, change[0]), None
+            return
+        revision = implied_revision(action, details)
+        if revision is None or (self.implied is not None and self.implied[1] == revision):
+            return  # most events: states in details["rows"], implied already
+        if self.implied is None or _revision_key(revision) > _revision_key(self.implied[1]):
+            self.implied = (event_id, revision)
+
+    def follow(self, later: _Chain) -> None:
+        """Take over what ``later`` (the events after this chain's) says of the schema."""
+        if later.schema is not None:
+            self.schema, self.implied = later.schema, later.implied
+        elif later.implied is not None and (
+            self.implied is None or _revision_key(later.implied[1]) > _revision_key(self.implied[1])
+        ):
+            self.implied = later.implied
+
+
+def _revision_key(revision: str | None) -> int:
+    """For comparing revisions: None (no schema) first, one that is not radcaliper's last."""
+    if revision is None:
+        return -1
+    try:
+        return revision_number(revision)
+    except ValueError:
+        return 1 << 62
 
 
 def _event_sql(source: _Source, where: str) -> str:
@@ -407,7 +471,8 @@ def _check_events(
                 "was edited: its content no longer matches its hash"
             )
         if isinstance(details, dict):
-            logged.record(row[4], row[5], details, event_id)
+            logged.record(row[3], row[4], row[5], details, event_id)
+            chain.note_schema(event_id, row[3], details)
         chain.last_id, chain.last_hash = event_id, row[8]
     return None
 
@@ -577,9 +642,14 @@ class _Logged:
         return found
 
     def record(
-        self, object_type: str, object_id: int | None, details: Mapping[str, Any], event_id: int
+        self,
+        action: str,
+        object_type: str,
+        object_id: int | None,
+        details: Mapping[str, Any],
+        event_id: int,
     ) -> None:
-        for table, row_id, state in logged_states(object_type, object_id, details):
+        for table, row_id, state in logged_states(object_type, object_id, details, action=action):
             rows = self.tables[table]
             rows.new_ids.append(row_id)
             rows.new_events.append(event_id)
@@ -633,8 +703,7 @@ class _TableDigests:
 
     def __init__(self, source: _Source, table: str, logged: _Logged) -> None:
         columns: list[Column[Any]] = list(_table(table).columns)
-        names = ", ".join(source.quote(c.name) for c in columns)
-        self.sql = f"SELECT {names} FROM {source.quote(table)}"
+        self.sql = f"SELECT {source.select_list(table)} FROM {source.quote(table)}"
         self.row_type = _make_row_type(f"_{table.title()}Row", [c.name for c in columns])
         self.converters = [
             (i, convert) for i, c in enumerate(columns) if (convert := source.converter(c))
@@ -756,7 +825,7 @@ def _differing(
     for i in sorted(suspects):
         position = int(positions[i])
         problem = _first_difference(
-            source.session, table, int(rows.ids[position]), int(rows.events[position])
+            source, table, int(rows.ids[position]), int(rows.events[position])
         )
         if problem is not None:
             return problem
@@ -778,12 +847,16 @@ def _deleted(table: str, rows: _LoggedRows, seen: np.ndarray, start: int) -> _Pr
     )
 
 
-def _first_difference(session: Session, table: str, row_id: int, event_id: int) -> _Problem | None:
+def _first_difference(source: _Source, table: str, row_id: int, event_id: int) -> _Problem | None:
     """Field by field, a row against the event that last recorded it, both read with their
-    column types. Equal values of another JSON spelling (``1`` and ``1.0``) are no difference."""
-    model = _table(table)
+    column types (a column the table lacks reads as None). Equal values of another JSON
+    spelling (``1`` and ``1.0``) are no difference."""
+    session, model, present = source.session, _table(table), source.present(table)
+    columns = [
+        model.c[c.name] if c.name in present else literal(None).label(c.name) for c in model.columns
+    ]
     try:
-        row = session.execute(select(model).where(model.c.id == row_id)).one_or_none()
+        row = session.execute(select(*columns).where(model.c.id == row_id)).one_or_none()
         actual = {} if row is None else COVERED_TABLES[table](row)
     except _ROW_ERRORS as error:
         return (
@@ -798,9 +871,10 @@ def _first_difference(session: Session, table: str, row_id: int, event_id: int) 
     recorded = {} if event is None else _recorded(event, table, row_id)
     for name in recorded:
         if actual.get(name) != recorded.get(name):
+            lacks = "" if name in present or name not in model.c else " (the column is missing)"
             return (
                 f"table {table}, row {row_id}, field {name}: {actual.get(name)!r} in the "
-                f"table but {recorded.get(name)!r} in the audit log (event "
+                f"table{lacks} but {recorded.get(name)!r} in the audit log (event "
                 f"{event_id}): the row was changed outside radcaliper",
                 table,
                 row_id,
@@ -811,7 +885,7 @@ def _first_difference(session: Session, table: str, row_id: int, event_id: int) 
 
 def _recorded(event: Any, table: str, row_id: int) -> dict[str, Any]:
     for logged_table, logged_id, state in logged_states(
-        event.object_type, event.object_id, event.details
+        event.object_type, event.object_id, event.details, action=event.action
     ):
         if (logged_table, logged_id) == (table, row_id):
             return dict(state)
@@ -821,19 +895,37 @@ def _recorded(event: Any, table: str, row_id: int) -> dict[str, Any]:
 def _compare_tables(
     source: _Source,
     logged: _Logged,
+    whole: frozenset[str],
     *,
     low: Mapping[str, int] | None = None,
     high: Mapping[str, int] | None = None,
 ) -> list[_TableOutcome]:
-    """:func:`_compare_table` table by table (ids from ``low``, below ``high``), up to the
-    first table with a problem."""
+    """Table by table, up to the first with a problem: :func:`_compare_table` for the tables
+    the log covers ``whole`` at the database's schema (ids from ``low``, below ``high``),
+    :func:`_compare_recorded` for the others' rows that events recorded (in the process that
+    compares the lower ids)."""
     outcomes = []
     for table in COVERED_TABLES:
-        bounds = (low or {}).get(table), (high or {}).get(table)
-        outcomes.append(_compare_table(source, table, logged, *bounds))
-        if outcomes[-1] != _TableOutcome():
+        if table in whole:
+            bounds = (low or {}).get(table), (high or {}).get(table)
+            outcome = _compare_table(source, table, logged, *bounds)
+        elif low is None and len(logged.tables[table].ids):
+            outcome = _compare_recorded(source, table, logged)
+        else:
+            outcome = _TableOutcome()
+        outcomes.append(outcome)
+        if outcome != _TableOutcome():
             break
     return outcomes
+
+
+def _covered_whole(revision: str | None) -> frozenset[str]:
+    """The tables whose every row the log records at schema ``revision`` (an unknown revision:
+    all, as at the head)."""
+    key = _revision_key(revision)
+    if revision is None or key == 1 << 62:
+        return frozenset(COVERED_TABLES)
+    return frozenset(t for t in COVERED_TABLES if revision_number(COVERED_SINCE[t]) <= key)
 
 
 def _first_problem(outcomes: Iterable[tuple[_TableOutcome, ...]]) -> _Problem | None:
@@ -976,14 +1068,15 @@ def _join(lower: _Chain, upper: _UpperEvents) -> str | None:
     lower.count += upper.chain.count - 1
     if upper.problem is None or upper.chain.last_id >= first_id:
         lower.last_id, lower.last_hash = upper.chain.last_id, upper.chain.last_hash
+    lower.follow(upper.chain)
     return upper.problem
 
 
 def _upper_tables(
-    shared: _Shared, logged: _Logged, splits: Mapping[str, int]
+    shared: _Shared, logged: _Logged, whole: frozenset[str], splits: Mapping[str, int]
 ) -> list[_TableOutcome] | None:
     with _shared_source(shared) as source:
-        return None if source is None else _compare_tables(source, logged, low=splits)
+        return None if source is None else _compare_tables(source, logged, whole, low=splits)
 
 
 # --- verify --------------------------------------------------------------------------------------
@@ -991,8 +1084,12 @@ def _upper_tables(
 
 def _fresh_snapshot(session: Session) -> None:
     """One snapshot for the whole verify: PostgreSQL's ``REPEATABLE READ`` when the session
-    has not begun yet (SQLite's read transaction is one snapshot already)."""
-    if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
+    has not begun yet on an engine of its own (SQLite's read transaction is one snapshot
+    already; a session on a connection in a transaction, a migration's, reads in that one)."""
+    bind = session.get_bind()
+    if not isinstance(bind, Engine) or session.in_transaction():
+        return
+    if bind.dialect.name == "postgresql":
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
@@ -1000,29 +1097,36 @@ def run(
     session: Session, expected_head: str | None, since_head: str | None, processes: int
 ) -> VerifyReport:
     """:func:`db.audit.verify`."""
+    from db.migrate import stored_revision
+
     _fresh_snapshot(session)
     with _no_cyclic_gc():
         source = _Source(session)
         logged = _Logged(os.urandom(16))
+        revision = stored_revision(session.connection())
         if since_head is not None:
-            return _verify_since(source, logged, since_head, expected_head)
+            return _verify_since(source, logged, since_head, expected_head, revision)
+        whole = _covered_whole(revision)
         last = session.execute(select(func.max(AuditEvent.id))).scalar() or 0
         large = processes > 1 and last >= _PARALLEL_MIN_EVENTS and _can_fork()
         shared = _share(session) if large else None
         if shared is not None:
-            return _verify_in_two(source, logged, shared, last // 2, expected_head)
+            return _verify_in_two(source, logged, shared, last // 2, expected_head, revision)
         chain = _Chain(0, GENESIS)
         report = _chain_report(chain, _walk(source, chain, logged), _head(session), expected_head)
         if not report.ok:
             return report
         logged.compact()
-        return _with_rows(
-            report, _first_problem((_compare_table(source, t, logged),) for t in COVERED_TABLES)
-        )
+        outcomes = ((outcome,) for outcome in _compare_tables(source, logged, whole))
+        return _finish(report, source, _first_problem(outcomes), chain, revision)
 
 
 def _verify_since(
-    source: _Source, logged: _Logged, since_head: str, expected_head: str | None
+    source: _Source,
+    logged: _Logged,
+    since_head: str,
+    expected_head: str | None,
+    revision: str | None,
 ) -> VerifyReport:
     start = _start_after(source, since_head)
     if isinstance(start, VerifyReport):
@@ -1033,11 +1137,16 @@ def _verify_since(
         return report
     logged.compact()
     outcomes = ((_compare_recorded(source, t, logged),) for t in COVERED_TABLES)
-    return _with_rows(report, _first_problem(outcomes))
+    return _finish(report, source, _first_problem(outcomes), None, revision)
 
 
 def _verify_in_two(
-    source: _Source, logged: _Logged, shared: _Shared, split: int, expected_head: str | None
+    source: _Source,
+    logged: _Logged,
+    shared: _Shared,
+    split: int,
+    expected_head: str | None,
+    revision: str | None,
 ) -> VerifyReport:
     """The events after ``split`` in a second process while this one walks those before; then
     each table's upper half of row ids there while this one compares the lower half."""
@@ -1064,17 +1173,69 @@ def _verify_in_two(
     if not report.ok:
         return report
     logged.compact()
+    whole = _covered_whole(revision)
     splits = {t: _median(logged.tables[t].ids) for t in COVERED_TABLES}
-    second = _Forked(lambda: _upper_tables(shared, logged, splits), engine)
+    second = _Forked(lambda: _upper_tables(shared, logged, whole, splits), engine)
     try:
-        lower = _compare_tables(source, logged, high=splits)
+        lower = _compare_tables(source, logged, whole, high=splits)
         higher = second.result()
     finally:
         second.cancel()
     if higher is None:
         _alone("the upper half of each table")
-        higher = _compare_tables(source, logged, low=splits)
-    return _with_rows(report, _first_problem(zip(lower, higher, strict=False)))
+        higher = _compare_tables(source, logged, whole, low=splits)
+    rows = _first_problem(zip(lower, higher, strict=False))
+    return _finish(report, source, rows, chain, revision)
+
+
+def _finish(
+    report: VerifyReport,
+    source: _Source,
+    rows: _Problem | None,
+    chain: _Chain | None,
+    revision: str | None,
+) -> VerifyReport:
+    """After an intact chain: the first row that differs, else the guards of the log itself
+    (one head row, the append-only triggers), else (``chain``: a full walk) whether what the
+    events say of the schema is what the database says."""
+    if rows is not None:
+        return _bad(report.events, report.head_hash, *rows)
+    problem = _head_rows(source) or append_only_problem(source.session.connection())
+    if problem is None and chain is not None:
+        problem = _schema_problem(chain, revision)
+    return report if problem is None else _bad(report.events, report.head_hash, problem)
+
+
+def _head_rows(source: _Source) -> str | None:
+    count = source.session.execute(select(func.count()).select_from(AuditHead)).scalar_one()
+    if count != 1:
+        return (
+            f"the audit_head table has {count} rows instead of one: it was changed outside "
+            "radcaliper"
+        )
+    return None
+
+
+def _schema_problem(chain: _Chain, revision: str | None) -> str | None:
+    """Whether the schema the events say the database is at is the one its version table says:
+    the last schema event's revision, and no later event written at a later schema."""
+    says = "no schema version" if revision is None else f"schema {revision}"
+    if chain.schema is not None:
+        event_id, to = chain.schema
+        if to != revision:
+            return (
+                f"the audit log says the database was migrated to schema {to or 'none'} (event "
+                f"{event_id}) but the database says {says}: its schema version was changed "
+                "outside radcaliper"
+            )
+    if chain.implied is not None:
+        event_id, implied = chain.implied
+        if revision is None or _revision_key(implied) > _revision_key(revision):
+            return (
+                f"audit event {event_id} was written at schema {implied} or later, but the "
+                f"database says {says}: its schema version was set back outside radcaliper"
+            )
+    return None
 
 
 def _alone(part: str) -> None:
@@ -1085,10 +1246,6 @@ def _alone(part: str) -> None:
 
 def _median(ids: np.ndarray) -> int:
     return int(ids[len(ids) // 2]) if len(ids) else 0
-
-
-def _with_rows(report: VerifyReport, problem: _Problem | None) -> VerifyReport:
-    return report if problem is None else _bad(report.events, report.head_hash, *problem)
 
 
 def _bad(

@@ -26,9 +26,22 @@ Bulky values are recorded as a SHA-256 digest of their canonical JSON (``sha256:
 change is detected and named, the old value is not kept twice.
 
 An event carries states in ``details["rows"]``: ``{table: {row id (text): state}}``. Older events
-(schema before 0003) carry one measurement's or review's state in ``details["state"]``; both are
-read by :func:`logged_states`. A state records only what it names: an older event with fewer
-fields is compared on those fields.
+(schema before 0003) carry one measurement's or review's state in ``details["state"]``, and the
+name and role of an added user (``user.added``) or the checkpoint and input of a stored run
+(``run.stored``) in their details; all are read by :func:`logged_states`. A state records only
+what it names: an older event with fewer fields is compared on those fields.
+
+**Coverage by schema.** :data:`COVERED_SINCE` gives the schema revision from which the log
+records every row of a table (before 0003: users, runs, measurements and reviews through the
+older events above; from 0003 every covered table). ``audit verify`` and the check before a
+migration compare a table whole (a row the log does not know was added outside radcaliper) from
+that revision on; before it, only the rows the log records.
+
+**Schema events.** Every migration of a database with an audit log records one event
+(:data:`SCHEMA_UPGRADED` / :data:`SCHEMA_DOWNGRADED`, ``details = {"from": revision or None,
+"to": revision or None}``), signed off by whoever ran it: the log knows which schema the
+database is at, so a version set back outside radcaliper shows (:func:`implied_revision` reads
+the same from the content of the events of logs older than these events).
 
 The state functions read attributes, so they take ORM objects and Core rows alike (the 0003
 migration records existing rows from reflected tables). Each also takes ``digest_of``, how a
@@ -45,18 +58,24 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 __all__ = [
+    "COVERED_SINCE",
     "COVERED_TABLES",
+    "SCHEMA_DOWNGRADED",
+    "SCHEMA_UPGRADED",
     "DigestOf",
     "StateFunction",
     "canonical_json",
     "canonical_time",
     "digest",
     "finding_state",
+    "implied_revision",
     "logged_states",
     "measurement_state",
     "review_state",
+    "revision_number",
     "row_state",
     "run_state",
+    "schema_change",
     "series_state",
     "states_detail",
     "study_state",
@@ -222,8 +241,62 @@ COVERED_TABLES: Mapping[str, StateFunction] = {
     "reviews": review_state,
 }
 
+# table -> the schema revision from which the log records every row of it
+COVERED_SINCE: Mapping[str, str] = {
+    "users": "0001",  # user.added: name and role
+    "studies": "0003",
+    "series": "0003",
+    "runs": "0001",  # run.stored: the checkpoint and the input
+    "findings": "0003",
+    "measurements": "0001",
+    "reviews": "0001",
+}
+ROWS_SINCE = "0003"  # events record states in details["rows"] from this revision on
+
+SCHEMA_UPGRADED = "schema.upgraded"
+SCHEMA_DOWNGRADED = "schema.downgraded"
+
 # object types of events before 0003 that carry one row's state in details["state"]
 _LEGACY_STATE = {"measurement": "measurements", "review": "reviews"}
+# actions of events before 0003 that name some fields of the row they are about
+_LEGACY_FIELDS = {
+    ("user.added", "user"): ("users", ("name", "role")),
+    ("run.stored", "run"): ("runs", ("checkpoint_hash", "input_fingerprint")),
+}
+
+
+def revision_number(revision: str) -> int:
+    """A schema revision as a number (radcaliper's revisions are numbered ``0001``, ``0002``,
+    ...), for comparing them; ``ValueError`` for one that is not."""
+    if not (revision.isascii() and revision.isdigit()):
+        raise ValueError(f"schema revision {revision!r} is not one of radcaliper's")
+    return int(revision)
+
+
+def schema_change(action: str, details: Mapping[str, Any]) -> tuple[str | None] | None:
+    """The schema an event says the database was migrated to (a 1-tuple: None for no schema),
+    or None when the event is not a schema event."""
+    if action not in (SCHEMA_UPGRADED, SCHEMA_DOWNGRADED):
+        return None
+    to = details.get("to")
+    return (to if isinstance(to, str) else None,)
+
+
+def implied_revision(action: str, details: Mapping[str, Any]) -> str | None:
+    """The least schema revision that an event's content implies (None: nothing): states in
+    ``details["rows"]`` were first written at :data:`ROWS_SINCE`; a baseline names its
+    revision."""
+    implied = None
+    if isinstance(details.get("rows"), dict) and details["rows"]:
+        implied = ROWS_SINCE
+    if action == "audit.baseline" and isinstance(details.get("revision"), str):
+        named = details["revision"]
+        try:
+            if implied is None or revision_number(named) > revision_number(implied):
+                implied = named
+        except ValueError:
+            implied = named  # not one of ours: the caller reports it
+    return implied
 
 
 def row_state(table: str, row: Any) -> State:
@@ -241,13 +314,18 @@ def states_detail(rows: Mapping[str, list[Any]]) -> dict[str, dict[str, State]]:
 
 
 def logged_states(
-    object_type: str, object_id: int | None, details: Mapping[str, Any]
+    object_type: str, object_id: int | None, details: Mapping[str, Any], *, action: str
 ) -> Iterator[tuple[str, int, State]]:
-    """(table, row id, state) for every row state an event's details record."""
+    """(table, row id, state) for every row state an event (``action`` on ``object_type``
+    ``object_id``) records in its details."""
     legacy = _LEGACY_STATE.get(object_type)
     if legacy is not None and object_id is not None and isinstance(details.get("state"), dict):
         yield legacy, object_id, details["state"]
     rows = details.get("rows")
+    named = _LEGACY_FIELDS.get((action, object_type))
+    if named is not None and object_id is not None and rows is None:
+        table, fields = named
+        yield table, object_id, {field: details[field] for field in fields if field in details}
     if isinstance(rows, dict):
         for table, states in rows.items():
             if table in COVERED_TABLES and isinstance(states, dict):

@@ -3,6 +3,16 @@
 The migration scripts live in ``db/migrations`` (package data); they are driven from Python with
 the database URL given, so ``radcaliper db upgrade`` needs no ``alembic.ini``.
 
+**A migration never launders.** Before it migrates a database that has a schema, the
+migration environment (``db/migrations/env.py``) checks in the migration's own transaction
+that the audit log vouches for what the database holds (:func:`check_before_migrating`: the
+chain, every row the log covers at the database's schema, the log's guards, and that the
+schema the log says the database is at is the one its version table says), and refuses with
+:class:`MigrationRefusedError` naming the first difference when it does not: otherwise a
+migration that records existing rows as a baseline (0003) would turn rows changed outside
+radcaliper into trusted ones. After migrating it records a ``schema.upgraded`` or
+``schema.downgraded`` event (from, to), signed off by the actor.
+
 Alembic is imported by the functions that migrate, not by this module: opening a store checks
 the schema against :data:`SCHEMA_HEAD` and reads the stored revision with one query
 (:func:`stored_revision`), so the commands that only read (``radcaliper audit ...``) do not pay
@@ -21,9 +31,11 @@ if TYPE_CHECKING:
 __all__ = [
     "SCHEMA_HEAD",
     "alembic_config",
+    "check_before_migrating",
     "current",
     "downgrade",
     "head_revision",
+    "record_schema_change",
     "stored_revision",
     "upgrade",
 ]
@@ -61,17 +73,23 @@ def head_revision() -> str:
 
 def upgrade(url: str, revision: str = "head", *, actor: str | None = None) -> None:
     """Bring the database at ``url`` up to ``revision``; ``actor`` (e.g. ``cli:<OS user>``)
-    signs off the audit baseline a migration records."""
+    signs off the schema event and the audit baseline a migration records.
+
+    Raises:
+        MigrationRefusedError: the audit log does not vouch for the database (nothing is
+            migrated; the message names the first difference).
+    """
     from alembic import command
 
     command.upgrade(alembic_config(url, actor=actor), revision)
 
 
-def downgrade(url: str, revision: str) -> None:
-    """Take the database at ``url`` down to ``revision`` (``base``: no tables)."""
+def downgrade(url: str, revision: str, *, actor: str | None = None) -> None:
+    """Take the database at ``url`` down to ``revision`` (``base``: no tables); ``actor``
+    signs off the schema event (and what a migration's downgrade records)."""
     from alembic import command
 
-    command.downgrade(alembic_config(url), revision)
+    command.downgrade(alembic_config(url, actor=actor), revision)
 
 
 def stored_revision(connection: Connection) -> str | None:
@@ -89,6 +107,59 @@ def stored_revision(connection: Connection) -> str | None:
 
         return MigrationContext.configure(connection).get_current_revision()
     return rows[0] if rows else None
+
+
+def check_before_migrating(connection: Connection, revision: str | None) -> None:
+    """Refuse (:class:`MigrationRefusedError`) to migrate the database of ``connection`` (at
+    schema ``revision``, in the migration's transaction) unless its audit log vouches for it:
+    the full :func:`db.audit.verify` at that schema. A database without a version but with
+    radcaliper's tables (its version was removed) is refused too; one without any is new."""
+    from sqlalchemy import inspect
+    from sqlalchemy.orm import Session
+
+    from db.audit_verify import run
+    from ingestion.errors import MigrationRefusedError
+
+    if revision is None:
+        if inspect(connection).has_table("audit_events"):
+            raise MigrationRefusedError(
+                "refused to migrate: the database has radcaliper's tables but no schema "
+                f"version (the {_VERSION_TABLE} table is missing or empty): it was removed "
+                "outside radcaliper. Restore the database from a backup"
+            )
+        return
+    with Session(bind=connection) as session:
+        report = run(session, None, None, 1)
+    if not report.ok:
+        raise MigrationRefusedError(
+            f"refused to migrate from schema {revision}: the audit log does not vouch for the "
+            f"database: {report.problem}. Migrating would record what the database holds "
+            "as trusted: find out what changed ('radcaliper audit verify', 'radcaliper audit "
+            "log') and restore the database from a backup taken before it"
+        )
+
+
+def record_schema_change(
+    connection: Connection, before: str | None, after: str | None, *, actor: str
+) -> None:
+    """Record in the audit log that the schema went from ``before`` to ``after`` (nothing when
+    it did not change, or when no audit log is left: a downgrade to base)."""
+    from sqlalchemy import inspect
+
+    from db.audit import append_event_core
+    from db.coverage import SCHEMA_DOWNGRADED, SCHEMA_UPGRADED, revision_number
+
+    if before == after or not inspect(connection).has_table("audit_events"):
+        return
+    up = before is None or (after is not None and revision_number(after) > revision_number(before))
+    append_event_core(
+        connection,
+        actor=actor[:64],
+        action=SCHEMA_UPGRADED if up else SCHEMA_DOWNGRADED,
+        object_type="schema",
+        object_id=None,
+        details={"from": before, "to": after},
+    )
 
 
 def current(url: str) -> str | None:

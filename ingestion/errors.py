@@ -22,6 +22,7 @@ It lives in ``ingestion`` because ingestion is the first pipeline stage, which e
     ├── ModelError                  the measurer cannot load or run
     └── StorageError                the database cannot store or return what was asked
         ├── SchemaVersionError      the database's schema is missing or not this version's
+        ├── MigrationRefusedError   the audit log does not vouch for the database: no migration
         ├── StaleEditError          a review was based on an outdated measurement (refused)
         ├── AccessDeniedError       the user's role does not allow the action
         └── NothingToExportError    a stored study has no measurement a DICOM SR could carry
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigurationError",
     "InconsistentGeometryError",
     "IngestionError",
+    "MigrationRefusedError",
     "MissingGeometryError",
     "ModelError",
     "NoUsableSeriesError",
@@ -135,6 +137,12 @@ class StorageError(RadcaliperError):
 
 class SchemaVersionError(StorageError):
     """The database has no radcaliper tables, or tables of another schema version."""
+
+
+class MigrationRefusedError(StorageError):
+    """A migration was refused: the audit log does not vouch for what the database holds (a
+    row that differs from the log, a broken chain, a schema version set back), and migrating
+    would record unexplained rows as trusted ones."""
 
 
 class StaleEditError(StorageError):

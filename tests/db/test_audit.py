@@ -33,7 +33,8 @@ def test_an_intact_log_verifies(store: Store, stored: int, users: dict[str, User
     _reviewed(store, users)
     report = _verify(store)
     assert report.ok and report.problem is None
-    assert report.events == 4 + 3 + 2  # run + 3 measurements, 3 users, review + measurement
+    # the schema's creation, run + 3 measurements, 3 users, review + measurement
+    assert report.events == 1 + 4 + 3 + 2
     assert report.head_hash != GENESIS
     assert _verify(store, report.head_hash).ok
 
@@ -50,7 +51,7 @@ def test_the_log_refuses_updates_and_deletes(store: Store, stored: int) -> None:
     [
         (["UPDATE audit_events SET actor = 'mallory' WHERE id = 2"], "audit event 2 .* was edited"),
         (["DELETE FROM audit_events WHERE id = 2"], r"audit events 2\.\.2 are missing"),
-        (["DELETE FROM audit_events WHERE id = 4"], "the log ends at event 3 but the head says"),
+        (["DELETE FROM audit_events WHERE id = 5"], "the log ends at event 4 but the head says"),
         (
             ["UPDATE audit_events SET prev_hash = '" + "1" * 64 + "' WHERE id = 3"],
             "audit event 3 does not follow event 2",
@@ -104,14 +105,18 @@ def test_a_rewritten_log_is_caught_by_the_head_kept_elsewhere(store: Store, stor
     kept = _verify(store).head_hash
     _as_attacker(
         store,
-        "DELETE FROM audit_events WHERE id = 4",
-        "UPDATE audit_head SET last_id = 3, "
-        "last_hash = (SELECT hash FROM audit_events WHERE id = 3)",
+        "DELETE FROM audit_events WHERE id = 5",
+        "UPDATE audit_head SET last_id = 4, "
+        "last_hash = (SELECT hash FROM audit_events WHERE id = 4)",
         "DELETE FROM measurements WHERE id = (SELECT max(id) FROM measurements)",
     )
     report = _verify(store, kept)
-    assert _verify(store).ok  # consistent inside the database: only the kept head tells
     assert not report.ok and "is not the expected" in (report.problem or "")
+    # the chain and rows are consistent inside the database: besides the kept head, only the
+    # triggers the attacker had to drop tell
+    alone = _verify(store)
+    assert not alone.ok and "append-only trigger" in (alone.problem or "")
+    assert "is missing" in (alone.problem or "")
 
 
 def _forged(previous: AuditEvent, event_id: int) -> AuditEvent:

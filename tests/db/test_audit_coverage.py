@@ -15,9 +15,9 @@ from sqlalchemy import MetaData, select, text
 from typer.testing import CliRunner
 
 from app.cli import app
-from db.audit import GENESIS, event_hash, verify
+from db.audit import event_hash, verify
 from db.engine import Store, connect, open_store
-from db.migrate import upgrade
+from db.migrate import SCHEMA_HEAD, upgrade
 from db.models import AuditEvent, Role, User
 from db.users import add_user
 
@@ -261,7 +261,7 @@ def test_an_upgraded_old_database_verifies_and_then_detects_tampering(
     _old_database(empty_url)
     with caplog.at_level(logging.WARNING):
         upgrade(empty_url, actor="cli:admin")
-    assert "baseline audit events 4..8" in caplog.text and "signed off by cli:admin" in caplog.text
+    assert "baseline audit events 5..9" in caplog.text and "signed off by cli:admin" in caplog.text
     store = open_store(empty_url)
     try:
         assert _verify(store).ok
@@ -308,7 +308,9 @@ def _untamper(store: Store, report: Any) -> None:
 
     (state,) = [
         s
-        for table, row, s in logged_states(event.object_type, event.object_id, event.details)
+        for table, row, s in logged_states(
+            event.object_type, event.object_id, event.details, action=event.action
+        )
         if (table, row) == (report.table, report.row_id)
     ]
     with store.engine.begin() as connection:
@@ -329,6 +331,15 @@ def test_a_new_database_gets_no_baseline(tmp_path: Path) -> None:
     store = open_store(url)
     try:
         report = _verify(store)
-        assert report.ok and report.events == 0 and report.head_hash == GENESIS
+        assert report.ok and report.events == 1  # the schema event: created at the head
+        with store.reader() as session:
+            (event,) = session.execute(select(AuditEvent)).scalars()
+        assert (event.action, event.details) == (
+            "schema.upgraded",
+            {"from": None, "to": SCHEMA_HEAD},
+        )
+        assert not session.execute(
+            select(AuditEvent).where(AuditEvent.action == "audit.baseline")
+        ).first()
     finally:
         store.dispose()

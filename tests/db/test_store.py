@@ -54,7 +54,7 @@ def test_a_result_lands_in_every_table(store: Store, volume: Volume) -> None:
         assert rows[0].range_low_mm == 28.0 and rows[0].coverage == 0.9
         assert all(m.status is ReviewStatus.PENDING and m.version == 1 for m in rows)
         actions = session.execute(select(AuditEvent.action).order_by(AuditEvent.id)).scalars()
-        assert list(actions) == ["run.stored"] + ["measurement.created"] * 3
+        assert list(actions) == ["schema.upgraded", "run.stored"] + ["measurement.created"] * 3
 
 
 def test_the_same_run_is_stored_once(store: Store, volume: Volume) -> None:

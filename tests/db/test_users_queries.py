@@ -130,7 +130,8 @@ def test_audit_log_rows_filter_by_actor_action_and_time(
     with store.reader() as session:
         everything = audit_log_rows(session, LogFilter())
         assert [e["id"] for e in everything] == list(range(1, len(everything) + 1))
-        assert {e["actor"] for e in everything} == {"cli:test"}
+        assert {e["actor"] for e in everything} == {"migration", "cli:test"}
+        assert [e["action"] for e in everything if e["actor"] == "migration"] == ["schema.upgraded"]
         stored_events = audit_log_rows(session, LogFilter(action="run.stored"))
         assert len(stored_events) == 1 and stored_events[0]["object_type"] == "run"
         assert audit_log_rows(session, LogFilter(actor="alice")) == []

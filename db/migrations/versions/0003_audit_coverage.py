@@ -7,8 +7,13 @@
   reviews: ``db.coverage``), and ``radcaliper audit verify`` compares them. Rows stored before
   have no such record, so this upgrade records their current state as **baseline events**
   (action ``audit.baseline``, at most 2,000 rows each), signed off by whoever runs the upgrade
-  (the event's actor). A row changed before the upgrade cannot be told from the log; every change
-  after it can. The upgrade logs how many rows the baseline holds.
+  (the event's actor), each saying which tables it covers and why (what the log recorded of
+  them before). A row changed before the upgrade cannot be told from the log; every change after
+  it can. The upgrade logs how many rows the baseline holds. Before it runs, the migration
+  environment checks that the log vouches for what it already covered (``db.migrate``): a
+  database whose version was set back to 0002 outside radcaliper is refused, not baselined; and
+  a table whose rows the log records already gets no baseline.
+- The downgrade records the studies whose patient names it drops, as they are without them.
 
 Revision ID: 0003
 Revises: 0002
@@ -18,7 +23,6 @@ Create Date: 2026-11-26
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +37,16 @@ logger = logging.getLogger("alembic.runtime.migration")
 
 BASELINE_TABLES = ("users", "studies", "series", "runs", "findings")  # not covered before 0003
 ROWS_PER_EVENT = 2000
+# why each table needs a baseline: what the log recorded of its rows before this revision
+WHY = {
+    "users": "the log recorded each user's name and role (checked before this upgrade), not "
+    "whether the user is active nor the password hash",
+    "studies": "the log recorded no study rows",
+    "series": "the log recorded no series rows",
+    "runs": "the log recorded each run's checkpoint and input (checked before this upgrade), "
+    "not its other fields",
+    "findings": "the log recorded no finding rows",
+}
 
 
 def upgrade() -> None:
@@ -42,25 +56,43 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # baseline events stay: the log is append-only
-    with op.batch_alter_table("studies") as batch:
-        batch.drop_column("patient_name")
+    # the log is append-only: baseline events stay; the patient names dropped with the column
+    # are recorded as gone, so that the log still says what the rows hold
+    _record_dropped_names(op.get_bind())
+    _drop_column("studies", "patient_name")
+
+
+def _actor() -> str:
+    return str(context.config.attributes.get("actor") or "migration:0003")[:64]
+
+
+def _logged_in_full(bind: sa.Connection) -> set[str]:
+    """The tables of which some event records states in ``details["rows"]`` (a database that
+    was at this schema before, and was taken down again by a recorded downgrade: the check
+    before this migration refuses one whose version was set back outside radcaliper)."""
+    events = sa.table("audit_events", sa.column("id"), sa.column("details", sa.JSON()))
+    found: set[str] = set()
+    for (details,) in bind.execute(sa.select(events.c.details).order_by(events.c.id)):
+        rows = details.get("rows") if isinstance(details, dict) else None
+        if isinstance(rows, dict):
+            found.update(name for name in rows if name in BASELINE_TABLES)
+    return found
 
 
 def _record_baseline(bind: sa.Connection) -> None:
-    # The chain's own hash and the coverage's state functions, on rows of the tables as they are
-    # at this revision (reflected). A later revision that covers a column added after 0003 must
-    # keep these functions working on rows without it (or freeze 0003's here).
-    from db.audit import event_hash
+    # The chain's own append and the coverage's state functions, on rows of the tables as they
+    # are at this revision (reflected). A later revision that covers a column added after 0003
+    # must keep these functions working on rows without it (or freeze 0003's here).
+    from db.audit import append_event_core
     from db.coverage import row_state
 
     metadata = sa.MetaData()
-    metadata.reflect(bind, only=(*BASELINE_TABLES, "audit_events", "audit_head"))
-    events, head = metadata.tables["audit_events"], metadata.tables["audit_head"]
-    actor = str(context.config.attributes.get("actor") or "migration:0003")[:64]
+    metadata.reflect(bind, only=BASELINE_TABLES)
+    covered = _logged_in_full(bind)
+    tables = [name for name in BASELINE_TABLES if name not in covered]
     counts: dict[str, int] = {}
     parts: list[tuple[str, dict[str, Any]]] = []
-    for name in BASELINE_TABLES:
+    for name in tables:
         table = metadata.tables[name]
         states: dict[str, Any] = {}
         counts[name] = 0
@@ -72,13 +104,15 @@ def _record_baseline(bind: sa.Connection) -> None:
                 states = {}
         if states:
             parts.append((name, states))
+    if covered:
+        logger.warning(
+            "audit coverage: no baseline for %s: the audit log records their rows already",
+            ", ".join(sorted(covered)),
+        )
     if not parts:
         return  # a new database: nothing stored before the coverage
-    query = sa.select(head.c.last_id, head.c.last_hash).where(head.c.id == 1)
-    if bind.dialect.name == "postgresql":
-        query = query.with_for_update()
-    last_id, last_hash = bind.execute(query).one()
-    first_id = last_id + 1
+    actor, first_id, last_id = _actor(), 0, 0
+    why = {name: WHY[name] for name in counts}
     for number, (name, states) in enumerate(parts, start=1):
         details = {
             "revision": revision,
@@ -86,36 +120,74 @@ def _record_baseline(bind: sa.Connection) -> None:
             "statement": "the current state of rows stored before audit coverage (schema "
             "0003), accepted as the baseline: changes made before this event cannot be "
             "detected, changes after it can",
+            "tables": why,
             "part": number,
             "parts": len(parts),
             "rows": {name: states},
         }
-        at = datetime.now(UTC)
-        event_id = last_id + 1
-        digest = event_hash(
-            last_hash, event_id, at, actor, "audit.baseline", "table", None, details
+        last_id = append_event_core(
+            bind,
+            actor=actor,
+            action="audit.baseline",
+            object_type="table",
+            object_id=None,
+            details=details,
         )
-        bind.execute(
-            events.insert().values(
-                id=event_id,
-                at=at,
-                actor=actor,
-                action="audit.baseline",
-                object_type="table",
-                object_id=None,
-                details=details,
-                prev_hash=last_hash,
-                hash=digest,
-            )
-        )
-        last_id, last_hash = event_id, digest
-    bind.execute(head.update().where(head.c.id == 1).values(last_id=last_id, last_hash=last_hash))
+        first_id = first_id or last_id
     held = ", ".join(f"{count} {name}" for name, count in counts.items())
     logger.warning(
         "audit coverage: recorded the current state of %s as baseline audit events %d..%d, "
-        "signed off by %s; changes made before this upgrade cannot be detected",
+        "signed off by %s; changes made before this upgrade cannot be detected (%s)",
         held,
         first_id,
         last_id,
         actor,
+        "; ".join(f"{name}: {reason}" for name, reason in why.items()),
     )
+
+
+def _record_dropped_names(bind: sa.Connection) -> None:
+    """The state of every study that had a patient name, without it (a downgrade drops the
+    column), recorded in the log before the column goes."""
+    from types import SimpleNamespace
+
+    from db.audit import append_event_core
+    from db.coverage import study_state
+
+    metadata = sa.MetaData()
+    metadata.reflect(bind, only=("studies",))
+    studies = metadata.tables["studies"]
+    named = sa.select(studies).where(studies.c.patient_name.is_not(None)).order_by(studies.c.id)
+    states: dict[str, Any] = {}
+    for row in bind.execute(named):
+        values = dict(row._mapping, patient_name=None)
+        states[str(row.id)] = study_state(SimpleNamespace(**values))
+    for start in range(0, len(states), ROWS_PER_EVENT):
+        part = dict(list(states.items())[start : start + ROWS_PER_EVENT])
+        append_event_core(
+            bind,
+            actor=_actor(),
+            action="schema.data_dropped",
+            object_type="table",
+            object_id=None,
+            details={
+                "revision": revision,
+                "statement": "a downgrade below schema 0003 drops studies.patient_name: "
+                "these studies' patient names are gone",
+                "rows": {"studies": part},
+            },
+        )
+
+
+def _drop_column(table: str, column: str) -> None:
+    """``ALTER TABLE ... DROP COLUMN`` where SQLite has it (3.35 and later): Alembic's batch
+    mode copies the table and drops the old one, which the foreign keys of other tables'
+    rows refuse once it holds data."""
+    import sqlite3
+
+    bind = op.get_bind()
+    if bind.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column(column)
+        return
+    op.drop_column(table, column)
