@@ -19,7 +19,11 @@ another user or that others may write is refused on both sides) and is itself ow
 Linux each side also checks that the other runs as the same user (``SO_PEERCRED``). The
 resident refuses a command when it runs other code than the client (the installed sources or
 packages changed since it started) or speaks another protocol; the client then says so and
-measures in its own process. A model's files are looked at for every command
+measures in its own process. A request must come whole within 10 s (a client that trickles it
+in is dropped), and every field is checked (types, ranges: umask 0..0o777, an environment of text
+without NUL, an existing folder, ...) before any is applied: a malformed one is refused, and the
+resident's own environment, folder and umask are back after every command, whatever happened.
+A model's files are looked at for every command
 (name, size, time and inode of each): a changed checkpoint is loaded again, never measured with
 the old weights.
 
@@ -67,6 +71,7 @@ __all__ = [
     "receive_message",
     "send_message",
     "serve",
+    "serve_connection",
     "socket_path",
 ]
 
@@ -77,7 +82,9 @@ SOCKET_NAME = "resident.sock"
 _MAX_FRAME = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 _KEPT_MODELS = 2  # models a resident keeps loaded at most (the least recently used goes)
-_REQUEST_TIMEOUT_S = 10.0
+_REQUEST_DEADLINE_S = 10.0  # for a client's whole request, however it trickles in
+_MAX_WIDTH = 10_000  # the widest terminal a client may say it has
+_MAX_VERBOSITY = 16
 _SOCKET_PATH_MAX = 107  # sun_path's size on Linux, less its terminating NUL
 _PACKAGES = ("app", "model", "ingestion", "db")
 
@@ -102,9 +109,14 @@ def send_message(sock: socket.socket, message: Mapping[str, object]) -> None:
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
-def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
+def _receive_exactly(sock: socket.socket, size: int, deadline: float | None) -> bytes | None:
     chunks, left = [], size
     while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the deadline passed")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
             return None
@@ -113,21 +125,25 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def receive_message(sock: socket.socket) -> dict[str, object] | None:
+def receive_message(
+    sock: socket.socket, *, deadline: float | None = None
+) -> dict[str, object] | None:
     """The next message (a JSON object after its length, 4 bytes big-endian), or None when
-    the other side closed or sent something that is not one."""
-    header = _receive_exactly(sock, _HEADER.size)
+    the other side closed or sent something that is not one. With ``deadline`` (a
+    ``time.monotonic()`` value) the whole message must have come by then: ``TimeoutError``
+    otherwise, however the bytes trickle in."""
+    header = _receive_exactly(sock, _HEADER.size, deadline)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
     if size > _MAX_FRAME:
         return None
-    data = _receive_exactly(sock, size)
+    data = _receive_exactly(sock, size, deadline)
     if data is None:
         return None
     try:
         message = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         return None
     return message if isinstance(message, dict) else None
 
@@ -413,21 +429,96 @@ class _Relay(io.TextIOBase):
         return len(text)
 
 
+class _Malformed(ValueError):
+    """A request whose field has the wrong type or an impossible value (the message names the
+    field); refused before anything of it is applied."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A client's command, every field checked (:func:`_parsed`)."""
+
+    pid: int
+    verbosity: int
+    args: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    umask: int
+    out_tty: bool
+    err_tty: bool
+    out_width: int
+    err_width: int
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _no_nul(value: str) -> bool:
+    return "\0" not in value
+
+
+def _parsed(message: Mapping[str, object]) -> _Request:
+    """The request in ``message``; ``_Malformed`` naming the first field whose
+    type or value is wrong (what a client of this code never sends)."""
+
+    def bad(field: str, why: str) -> _Malformed:
+        return _Malformed(f"a malformed request: {field} {why}")
+
+    pid, verbosity, args = message.get("pid"), message.get("verbosity"), message.get("args")
+    cwd, env, umask = message.get("cwd"), message.get("env"), message.get("umask")
+    terminals = message.get("terminals")
+    if not _is_int(pid) or not 0 <= cast(int, pid) < 2**31:
+        raise bad("pid", "is not a process id")
+    if not _is_int(verbosity) or not 0 <= cast(int, verbosity) <= _MAX_VERBOSITY:
+        raise bad("verbosity", f"is not a whole number from 0 to {_MAX_VERBOSITY}")
+    if not isinstance(args, list) or not all(isinstance(a, str) and _no_nul(a) for a in args):
+        raise bad("args", "is not a list of text arguments (without NUL)")
+    if not isinstance(cwd, str) or not _no_nul(cwd) or not os.path.isabs(cwd):
+        raise bad("cwd", "is not an absolute folder path")
+    if not os.path.isdir(cwd):
+        raise bad("cwd", "is not an existing folder")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and _no_nul(k + v)
+        for k, v in env.items()
+    ):
+        raise bad("env", "is not a map of variable names (without '=' or NUL) to text values")
+    if not _is_int(umask) or not 0 <= cast(int, umask) <= 0o777:
+        raise bad("umask", "is not a file mode mask from 0 to 0o777")
+    if not isinstance(terminals, dict):
+        raise bad("terminals", "is not a map")
+    ttys = [terminals.get("out_tty"), terminals.get("err_tty")]
+    widths = [terminals.get("out"), terminals.get("err")]
+    if not all(isinstance(t, bool) for t in ttys):
+        raise bad("terminals", "out_tty / err_tty are not true or false")
+    if not all(_is_int(w) and 1 <= cast(int, w) <= _MAX_WIDTH for w in widths):
+        raise bad("terminals", f"width is not a whole number from 1 to {_MAX_WIDTH}")
+    return _Request(
+        pid=cast(int, pid),
+        verbosity=cast(int, verbosity),
+        args=tuple(cast(list[str], args)),
+        cwd=cwd,
+        env=cast(dict[str, str], env),
+        umask=cast(int, umask),
+        out_tty=cast(bool, ttys[0]),
+        err_tty=cast(bool, ttys[1]),
+        out_width=cast(int, widths[0]),
+        err_width=cast(int, widths[1]),
+    )
+
+
 @contextlib.contextmanager
-def _as_client(request: Mapping[str, object], *, columns: int | None) -> Iterator[None]:
+def _as_client(request: _Request) -> Iterator[None]:
     """This process with the client's environment, working folder and umask inside; with
-    ``COLUMNS`` set to the client's stderr width (the log's console takes it from there)."""
-    env, cwd, umask = request["env"], request["cwd"], request["umask"]
-    if not isinstance(env, dict) or not isinstance(cwd, str) or not isinstance(umask, int):
-        raise ValueError("a malformed request")
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    os.chdir(cwd)  # OSError when it cannot be entered: refused
-    saved_umask = os.umask(umask)
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in env.items()})
-    if columns is not None:
-        os.environ["COLUMNS"] = str(columns)
+    ``COLUMNS`` set to the client's stderr width (the log's console takes it from there). Its
+    own are back after, whatever happened, also when one could not be taken (``OSError``)."""
+    saved_env, saved_cwd, saved_umask = dict(os.environ), os.getcwd(), _umask()
     try:
+        os.chdir(request.cwd)  # OSError when it cannot be entered: refused
+        os.umask(request.umask)
+        os.environ.clear()
+        os.environ.update(request.env)
+        os.environ["COLUMNS"] = str(request.err_width)
         yield
     finally:
         os.environ.clear()
@@ -486,18 +577,13 @@ def _invoke(argv: list[str]) -> int:
 
 
 def _answer(
-    conn: socket.socket, request: Mapping[str, object], code: str, since: CpuTimes
+    conn: socket.socket, message: Mapping[str, object], code: str, since: CpuTimes
 ) -> int | None:
     """Run one client's command on ``conn``; its exit status (None: refused)."""
-    import torch
-
-    from app.console import consoles_writing_to
-    from app.threads import started_at, torch_threads
-
-    if request.get("protocol") != PROTOCOL:
+    if message.get("protocol") != PROTOCOL:
         send_message(conn, {"refused": "it speaks another protocol (another radcaliper version)"})
         return None
-    if request.get("code") != code:
+    if message.get("code") != code:
         send_message(
             conn,
             {
@@ -506,24 +592,25 @@ def _answer(
             },
         )
         return None
-    args, verbosity = request.get("args"), request.get("verbosity")
-    terminals = request.get("terminals")
-    if (
-        not isinstance(args, list)
-        or not all(isinstance(a, str) for a in args)
-        or not isinstance(verbosity, int)
-        or not isinstance(terminals, dict)
-    ):
-        send_message(conn, {"refused": "a malformed request"})
+    try:
+        request = _parsed(message)
+    except _Malformed as exc:
+        send_message(conn, {"refused": str(exc)})
         return None
-    out = _Relay(conn, "out", bool(terminals.get("out_tty")))
-    err = _Relay(conn, "err", bool(terminals.get("err_tty")))
-    argv = ["-v"] * max(0, min(verbosity, 2)) + ["measure", *args]
+
+    import torch
+
+    from app.console import consoles_writing_to
+    from app.threads import started_at, torch_threads
+
+    out = _Relay(conn, "out", request.out_tty)
+    err = _Relay(conn, "err", request.err_tty)
+    argv = ["-v"] * min(request.verbosity, 2) + ["measure", *request.args]
     with contextlib.ExitStack() as inside:
         try:
-            inside.enter_context(_as_client(request, columns=_int(terminals.get("err"))))
-        except (OSError, ValueError) as exc:
-            reason = f"its working folder or environment cannot be taken ({exc})"
+            inside.enter_context(_as_client(request))
+        except OSError as exc:
+            reason = f"its working folder cannot be entered ({exc.strerror or exc})"
             send_message(conn, {"refused": reason})
             return None
         threads = _client_threads(os.environ, torch.get_num_threads())
@@ -532,10 +619,7 @@ def _answer(
         inside.enter_context(contextlib.redirect_stderr(err))
         inside.enter_context(
             consoles_writing_to(
-                cast(IO[str], out),
-                cast(IO[str], err),
-                _int(terminals.get("out")),
-                _int(terminals.get("err")),
+                cast(IO[str], out), cast(IO[str], err), request.out_width, request.err_width
             )
         )
         inside.enter_context(started_at(since))
@@ -543,10 +627,6 @@ def _answer(
         status = _invoke(argv)
     send_message(conn, {"exit": status, "pid": os.getpid()})
     return status
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) else None
 
 
 def serve(
@@ -581,38 +661,46 @@ def _serve_until_stopped(listener: Listener, idle_exit_s: float | None) -> None:
                     return
                 continue
             with conn:
-                _serve_one(conn, code, since=previous)
+                serve_connection(conn, code, since=previous)
             previous, latest = latest, cpu_times()
             idle_since = time.monotonic()
 
 
-def _serve_one(conn: socket.socket, code: str, *, since: CpuTimes) -> None:
+def serve_connection(conn: socket.socket, code: str, *, since: CpuTimes) -> None:
+    """Answer the client on ``conn`` (the resident's side of one connection; ``code``: this
+    process's :func:`code_fingerprint`). Its request must come whole within 10 s, however it
+    trickles in, and every field is checked before any is applied (a malformed one is
+    refused): nothing a client sends stops the resident or changes its own environment,
+    folder or umask."""
     if not _same_user(conn):
         logger.warning("refused a connection from another user (uid %s)", peer_uid(conn))
         return
-    conn.settimeout(_REQUEST_TIMEOUT_S)  # a client that never sends keeps no one waiting
-    try:
-        request = receive_message(conn)
+    try:  # a client that never sends, or trickles, keeps no one waiting
+        message = receive_message(conn, deadline=time.monotonic() + _REQUEST_DEADLINE_S)
+    except TimeoutError:
+        logger.warning(
+            "dropped a client whose request did not come within %g s", _REQUEST_DEADLINE_S
+        )
+        return
     except OSError:
-        request = None
-    if request is None:  # a probe (another resident starting) or a client that went away
+        message = None
+    if message is None:  # a probe (another resident starting) or a client that went away
         return
     conn.settimeout(None)
     started = time.monotonic()
     try:
-        status = _answer(conn, request, code, since)
+        status = _answer(conn, message, code, since)
     except OSError as exc:  # the client went away before the end
         logger.info("a client went away: %s", exc)
         return
-    if status is None:
-        logger.warning("refused a command from pid %s", request.get("pid"))
+    except Exception:  # a bug: this client gets nothing more, the next ones are served
+        logger.exception("a command failed in the resident")
         return
-    logger.info(
-        "measured for pid %s in %.1f s: exit %d",
-        request.get("pid"),
-        time.monotonic() - started,
-        status,
-    )
+    pid = message.get("pid") if _is_int(message.get("pid")) else "?"
+    if status is None:
+        logger.warning("refused a command from pid %s", pid)
+        return
+    logger.info("measured for pid %s in %.1f s: exit %d", pid, time.monotonic() - started, status)
 
 
 class _Stop:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -188,6 +189,159 @@ def test_a_client_that_never_asks_keeps_no_one_waiting(resident: Resident) -> No
         silent.connect(str(socket_path(resident.data_dir)))  # and sends nothing
         handed = resident.measure("-v", "measure", "no-such-study")
     assert handed.returncode == 2 and "measured by the resident" in handed.stderr
+
+
+def _request(resident: Resident, **change: object) -> dict[str, object]:
+    """A request ``measure no-such-study`` would send, with ``change``."""
+    return {
+        "protocol": PROTOCOL,
+        "code": code_fingerprint(),
+        "pid": os.getpid(),
+        "verbosity": 0,
+        "args": ["no-such-study"],
+        "cwd": str(resident.cwd),
+        "env": resident.env,
+        "umask": 0o022,
+        "terminals": {"out_tty": False, "err_tty": False, "out": 80, "err": 80},
+        **change,
+    }
+
+
+def _ask(resident: Resident, request: dict[str, object]) -> dict[str, object] | None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(60)
+        sock.connect(str(socket_path(resident.data_dir)))
+        send_message(sock, request)
+        return receive_message(sock)
+
+
+def _own_state(pid: int) -> tuple[str, str]:
+    """A process's working folder and umask, as the system sees them."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    umask = next(line for line in status.splitlines() if line.startswith("Umask:"))
+    return os.readlink(f"/proc/{pid}/cwd"), umask
+
+
+def test_a_malformed_request_is_refused_and_the_resident_goes_on(
+    resident: Resident, tmp_path: Path
+) -> None:
+    """Issue 41, item 6: each field is checked before any is applied; the resident answers,
+    keeps running, its folder and umask as they were, and serves the next command."""
+    before = _own_state(resident.process.pid)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bad = [
+        # applied in part by the old resident (folder, umask, environment cleared), then refused
+        ({"env": {"A=B": "x"}, "cwd": str(elsewhere), "umask": 0o002}, "env"),
+        ({"umask": 2**40}, "umask"),  # OverflowError: the old resident died
+        ({"umask": -1}, "umask"),
+        ({"umask": 0o1000}, "umask"),
+        ({"umask": True}, "umask"),
+        ({"env": {**resident.env, "RADCALIPER_LOG_LEVEL": 1}}, "env"),
+        ({"env": {"PATH": "a\0b"}}, "env"),
+        ({"env": ["PATH"]}, "env"),
+        ({"cwd": str(tmp_path / "no-such-folder"), "umask": 0o002}, "cwd"),
+        ({"cwd": "relative"}, "cwd"),
+        ({"args": ["no-such-study", 3]}, "args"),
+        ({"args": "no-such-study"}, "args"),
+        ({"verbosity": "2"}, "verbosity"),
+        ({"terminals": {"out_tty": False, "err_tty": False, "out": 2**40, "err": 80}}, "width"),
+        ({"terminals": {"out_tty": "yes", "err_tty": False, "out": 80, "err": 80}}, "tty"),
+        ({"pid": "me"}, "pid"),
+    ]
+    for change, field in bad:
+        answer = _ask(resident, _request(resident, **change))
+        assert resident.process.poll() is None, (change, resident.log.read_text())
+        assert answer is not None and "refused" in answer, (change, answer)
+        assert field in str(answer["refused"]), (change, answer)
+        assert _own_state(resident.process.pid) == before, change
+    nested = b"[" * 100_000 + b"]" * 100_000  # deeper than json.loads can go
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(socket_path(resident.data_dir)))
+        sock.sendall(len(nested).to_bytes(4, "big") + nested)
+        assert sock.recv(1) == b""  # dropped
+    assert resident.process.poll() is None, resident.log.read_text()
+    good = resident.measure("-v", "measure", "no-such-study")
+    assert good.returncode == 2 and "measured by the resident" in good.stderr, good.stderr
+    assert _own_state(resident.process.pid) == before
+
+
+def test_a_refused_request_leaves_the_environment_folder_and_umask_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """The same in this process (its environment can be read): the resident's side of one
+    connection, on a real socket pair."""
+    from app.resident import serve_connection
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_umask = os.umask(0o022)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        for change in ({"env": {"A=B": "x"}}, {"env": {"PATH": 1}}, {"umask": 2**40}):
+            request = {
+                "protocol": PROTOCOL,
+                "code": code_fingerprint(),
+                "pid": os.getpid(),
+                "verbosity": 0,
+                "args": ["no-such-study"],
+                "cwd": str(elsewhere),
+                "env": {"ONLY": "this"},
+                "umask": 0o002,
+                "terminals": {"out_tty": False, "err_tty": False, "out": 80, "err": 80},
+                **change,
+            }
+            client, server = socket.socketpair(socket.AF_UNIX)
+            with client, server:
+                send_message(client, request)
+                serve_connection(server, code_fingerprint(), since=cpu_times())
+                answer = receive_message(client)
+            assert answer is not None and "refused" in answer, (change, answer)
+            assert dict(os.environ) == saved_env, change
+            assert os.getcwd() == saved_cwd, change
+            mask = os.umask(0o022)
+            assert mask == 0o022, change
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        os.umask(saved_umask)
+
+
+def test_a_client_that_trickles_its_request_is_dropped_at_the_deadline(
+    resident: Resident,
+) -> None:
+    """One byte every 2 s never waits 10 s for a read; the request as a whole has 10 s."""
+    data = json.dumps(_request(resident)).encode()
+    payload = len(data).to_bytes(4, "big") + data
+    dropped: list[float] = []
+
+    def trickle() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(socket_path(resident.data_dir)))
+            began = time.monotonic()
+            for byte in payload:
+                try:
+                    sock.send(bytes([byte]))
+                    readable, _, _ = select.select([sock], [], [], 2.0)
+                    if readable and sock.recv(1) == b"":
+                        break  # the resident closed this connection
+                except OSError:
+                    break
+                if time.monotonic() - began > 60:
+                    break
+            dropped.append(time.monotonic() - began)
+
+    trickler = threading.Thread(target=trickle)
+    trickler.start()
+    time.sleep(1.0)  # the trickler is the resident's client now
+    began = time.monotonic()
+    served = resident.measure("-v", "measure", "no-such-study")
+    waited = time.monotonic() - began
+    trickler.join()
+    assert served.returncode == 2 and "measured by the resident" in served.stderr
+    assert dropped[0] < 10 + 4, dropped
+    assert waited < 10 + 20, waited
 
 
 def test_sigterm_stops_the_resident_and_removes_its_socket(resident: Resident) -> None:
