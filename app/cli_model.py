@@ -8,6 +8,8 @@ import dataclasses
 import functools
 import json
 import logging
+import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -62,6 +64,45 @@ def _checkpoint_dir(model_dir: Path | None) -> Path:
         )
         raise typer.Exit(EXIT_NOTHING)
     return directory
+
+
+def _output_folder(path: Path, name: str) -> None:
+    """Exit 2 with one line, before any work, when ``path`` (the ``name`` option or argument)
+    cannot be the folder a command writes into: it, or a folder above it, is a file, or it
+    cannot be written."""
+    for folder in (path, *path.parents):
+        if not (folder.exists() or folder.is_symlink()):
+            continue
+        if not folder.is_dir():
+            where = "it is a file" if folder == path else f"{folder} is a file"
+            err.print(
+                f"[red]error:[/red] {name} {safe(path)}: {safe(where)}, not a folder; give a "
+                "folder (it is created when missing)",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_NOTHING)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            err.print(
+                f"[red]error:[/red] {name} {safe(path)}: {safe(folder)} cannot be written by "
+                "this user; give another folder",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_NOTHING)
+        return
+
+
+def _os_error(error: OSError) -> typer.Exit:
+    """Print an ``OSError`` met while writing as one line; the exit (2) to raise."""
+    where = f"{error.filename}: " if error.filename else ""
+    err.print(f"[red]error:[/red] {safe(where)}{safe(error.strerror or error)}", highlight=False)
+    return typer.Exit(EXIT_NOTHING)
+
+
+def _finite(value: float) -> float:
+    """A float option's check: a finite number (typer's ranges let inf through, nan too)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def _model_error(error: Exception) -> typer.Exit:
@@ -368,6 +409,7 @@ def train(
     if dry_run:
         _print_memory(config)
         raise typer.Exit(EXIT_OK)
+    _output_folder(out_dir, "OUT")
     if dataset is not None and phantoms_dir is not None:
         err.print("[red]error:[/red] give --dataset or --phantoms, not both")
         raise typer.Exit(EXIT_NOTHING)
@@ -418,6 +460,8 @@ def train(
         except RadcaliperError as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(EXIT_NOTHING) from None
+        except OSError as exc:  # the checkpoint cannot be written (a full disk, ...)
+            raise _os_error(exc) from None
     out.print(f"Trained model written to {out_dir}; calibrate it: radcaliper calibrate {out_dir}")
 
 
@@ -445,11 +489,14 @@ def export_model(
     from ingestion.errors import RadcaliperError
     from model.measurer.checkpoint import export_checkpoint
 
+    _output_folder(out_dir, "OUT")
     try:
         written = export_checkpoint(model_dir, out_dir, base_model=base_model)
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
+    except OSError as exc:
+        raise _os_error(exc) from None
     out.print(f"Standalone checkpoint written to {written}")
 
 
@@ -464,7 +511,10 @@ def calibrate(
         typer.Option("--phantoms", help="Calibrate on the studies under this folder instead."),
     ] = None,
     coverage: Annotated[
-        float, typer.Option("--coverage", min=0.5, max=0.99, help="Nominal coverage of ranges.")
+        float,
+        typer.Option(
+            "--coverage", min=0.5, max=0.99, callback=_finite, help="Nominal coverage of ranges."
+        ),
     ] = 0.90,
     dataset: Annotated[
         Path | None,
@@ -480,6 +530,7 @@ def calibrate(
             "--decode-quantile",
             min=0.001,
             max=0.2,
+            callback=_finite,
             help="Refuse ('not measurable') a value whose numeric decode is weaker than all "
             "but this fraction of the decodes on the calibration studies.",
         ),
@@ -489,9 +540,10 @@ def calibrate(
         typer.Option(
             "--false-per-study",
             min=0.0,
+            callback=_finite,
             help="Detection operating point: leave out findings the model is less sure of "
             "than the least sure one that keeps the false findings per calibration study "
-            "within this budget.",
+            "within this budget (a finite number >= 0).",
         ),
     ] = 1.0,
 ) -> None:
@@ -507,8 +559,6 @@ def calibrate(
     presence (the model's probability that something is at a candidate) of a reported finding,
     the lowest that keeps the false findings within --false-per-study.
     """
-    import math
-
     from ingestion.errors import RadcaliperError
     from model.measurer.calibration import fit_calibration, fit_decode_check
     from model.measurer.checkpoint import write_settings
@@ -806,6 +856,8 @@ def evaluate(
     the shipped model, coverage vs nominal) and the tables in --results-md. Models are trained
     into --work once and reused when their configuration is unchanged.
     """
+    if out_dir is not None:
+        _output_folder(out_dir, "--out")
     if dataset is not None:
         _evaluate_on_dataset(ctx, dataset, demo, out_dir, results_md)
         return
