@@ -14,7 +14,8 @@ into emoji.
 from __future__ import annotations
 
 import contextlib
-import getpass
+import os
+import pwd
 import re
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -117,11 +118,14 @@ def settings_of(ctx: typer.Context) -> Settings:
 
 
 def cli_actor() -> str:
-    """The audit log's actor for command-line actions: ``cli:<operating-system user>``."""
+    """The audit log's actor for command-line actions: ``cli:<name>`` of the user the process
+    runs as (its real uid), ``cli:uid=<number>`` when that uid has no name (containers). Never
+    ``$USER`` or ``$LOGNAME``, which anyone can set to someone else's name."""
+    uid = os.getuid()
     try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name for this uid (containers)
-        return "cli:unknown"
+        return f"cli:{pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"cli:uid={uid}"
 
 
 def command_args(ctx: typer.Context) -> list[str]:
