@@ -394,7 +394,8 @@ def export_study_sr(
     organization: str = "radcaliper",
     limits: CorrectionLimits | None = None,
 ) -> SrExport:
-    """Write the study's SR to ``OUT_DIR/<study uid>.sr.dcm`` (replacing an earlier export).
+    """Write the study's SR to ``OUT_DIR/<study uid>.sr.dcm`` (replacing an earlier export),
+    readable by its owner only (0600; missing folders 0700), whatever the umask.
 
     ``organization`` is the verifying organization of a verified document. ``limits``: which
     values are plausible (default ``CorrectionLimits()``); the others are left out, with a
@@ -411,6 +412,8 @@ def export_study_sr(
     from pydicom.sr.codedict import codes
     from pydicom.uid import generate_uid
 
+    from app.files import private_file
+    from db.private_paths import make_private_dirs
     from db.review import CorrectionLimits
 
     study, run = _latest_run(session, study_instance_uid)
@@ -467,10 +470,11 @@ def export_study_sr(
         sr.VerifyingObserverSequence = [_observer(n, t, organization) for n, t in verifiers]
     if _has_non_ascii(sr):  # e.g. PAT-Ünïcödé-日本: UTF-8, not "?" in the default repertoire
         sr.SpecificCharacterSet = UTF8
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(out_dir)  # the folders it creates are 0700, whatever the umask
     path = sr_path(out_dir, study_instance_uid)
     partial = path.with_name(path.name + ".partial")  # never a half-written SR under its name
-    sr.save_as(partial, enforce_file_format=True)
+    with private_file(partial) as file:  # 0600: it names the patient
+        sr.save_as(file, enforce_file_format=True)
     partial.replace(path)
     logger.info("wrote SR %s (%d measurement groups)", path, len(groups))
     return SrExport(

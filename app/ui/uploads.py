@@ -4,6 +4,8 @@ dir, ingested, measured and stored.
 A zip is refused whole, with the reason, when any member would land outside its folder (an
 absolute path, ``..``, a link), when it holds more than :data:`MAX_MEMBERS` files, or when its
 unpacked size exceeds the limit (a zip bomb); a NIfTI larger than the limit is refused too.
+What is kept is readable by the server's user only (0700 folders, 0600 files, whatever the
+umask).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
+from app.files import private_file
+from db.private_paths import make_private_dirs
 from ingestion.errors import ConfigurationError
 
 __all__ = ["MAX_MEMBERS", "StoredUpload", "UploadError", "receive_upload"]
@@ -75,13 +79,13 @@ def _unzip(source: Path, target: Path, max_bytes: int) -> None:
                 raise UploadError(
                     f"the zip holds a link, {member.filename!r}; it was refused whole"
                 )
-        target.mkdir(parents=True)
+        make_private_dirs(target)
         for member in members:
             if member.is_dir():
                 continue
             destination = target.joinpath(*_safe_member(member.filename).parts)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(member) as source_file, destination.open("wb") as out:
+            make_private_dirs(destination.parent)
+            with archive.open(member) as source_file, private_file(destination) as out:
                 shutil.copyfileobj(source_file, out)
 
 
@@ -112,9 +116,10 @@ def receive_upload(
             raise
         return StoredUpload(folder / "dicom", "dicom")
     if name.endswith(".nii") or name.endswith(".nii.gz"):
-        folder.mkdir(parents=True)
+        make_private_dirs(folder)
         target = folder / ("image.nii.gz" if name.endswith(".gz") else "image.nii")
-        shutil.copyfile(file, target)
+        with file.open("rb") as source_file, private_file(target) as out:
+            shutil.copyfileobj(source_file, out)
         return StoredUpload(target, "nifti")
     raise UploadError(
         f"{file.name} is neither a zip of a DICOM folder nor a NIfTI file (.nii, .nii.gz)"
