@@ -436,6 +436,9 @@ def import_masks(
                 "no image beside this label map (image.nii.gz, image.nrrd, dicom/ or imagesTr/)",
             )
             continue
+        if labels_path.is_file() and labels_path.stat().st_size == 0:
+            skip(labels_path, "the label map is empty (0 bytes)")
+            continue
         volume = _load_image(image_path, modality)
         if isinstance(volume, str):
             skip(image_path, volume)
@@ -450,7 +453,8 @@ def import_masks(
             )
             continue
         except Exception as error:  # MONAI's readers raise many types for a bad file
-            skip(labels_path, f"label map cannot be read ({type(error).__name__}: {error})")
+            first = next(iter(str(error).strip().splitlines()), "")  # not every reader's traceback
+            skip(labels_path, f"label map cannot be read ({type(error).__name__}: {first})")
             continue
         ids = volume.identifiers
         ref = ImageRef(
