@@ -22,6 +22,10 @@ Every node must see the tree, the model directory and the database at the same a
 shared file system and a database server (PostgreSQL). An SQLite file is refused on a cluster of
 more than one node. Ray is an optional dependency (``pip install 'radcaliper[ray]'``), imported
 only here, and only when the engine is made.
+
+Joining a cluster (``--address``) takes at most ``--connect-timeout`` seconds (30): an address
+where nothing listens is refused at once, and Ray's own connection, which retries for minutes
+where no Ray cluster answers, is given up at the deadline (``ConfigurationError``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ import importlib
 import json
 import logging
 import math
+import signal
+import socket
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,8 +115,13 @@ class RayOptions:
     workers: int | None = None  # measuring workers; None: one per GPU group, else CPUs // 2
     gpus_per_worker: float = 0.0
     cpus_per_worker: int = 1  # CPUs a measuring worker holds (and torch's threads in it)
+    connect_timeout_s: float = 30.0  # joining ``address``: given up after this long
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.connect_timeout_s) and self.connect_timeout_s > 0):
+            raise ValueError(
+                f"--connect-timeout must be a number of seconds > 0, got {self.connect_timeout_s}"
+            )
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"measuring workers must be >= 1, got {self.workers}")
         if self.gpus_per_worker < 0 or not math.isfinite(self.gpus_per_worker):
@@ -244,12 +258,7 @@ class RayEngine:
                     address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=True
                 )
             else:
-                try:
-                    ray.init(address=opts.address, log_to_driver=True)
-                except (ConnectionError, ValueError, RuntimeError) as exc:
-                    raise ConfigurationError(
-                        f"cannot join the Ray cluster at {opts.address}: {_first_line(exc)}"
-                    ) from None
+                _join(ray, opts.address, opts.connect_timeout_s)
             self.started = True
         try:
             self._start_workers()
@@ -413,6 +422,80 @@ class RayEngine:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+
+
+def _join(ray: ModuleType, address: str, timeout_s: float) -> None:
+    """``ray.init(address)`` within ``timeout_s`` seconds, else ``ConfigurationError``: first a
+    TCP connection to HOST:PORT (an address where nothing listens is said at once), then Ray's
+    own connection in a thread given up at the deadline (Ray retries for minutes where no Ray
+    cluster answers, in calls that cannot be interrupted)."""
+    deadline = time.monotonic() + timeout_s
+    target = _host_port(address)
+    if target is not None:
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+        except OSError as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+            raise ConfigurationError(
+                f"cannot join the Ray cluster at {address}: nothing answers at "
+                f"{target[0]}:{target[1]} ({reason}); check --address and that 'ray start "
+                "--head' runs there"
+            ) from None
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    if threading.current_thread() is threading.main_thread():
+        # what ray.init does in the main thread: SIGTERM ends the driver through sys.exit,
+        # so that Ray disconnects
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+    quiet = _Without("SIGTERM handler is not set")  # Ray's warning in a thread: set above
+    logging.getLogger("ray._private.worker").addFilter(quiet)
+    try:
+        thread = threading.Thread(target=connect, name="radcaliper-ray-connect", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        logging.getLogger("ray._private.worker").removeFilter(quiet)
+    if not outcome:  # the thread goes on trying until the process ends
+        raise ConfigurationError(
+            f"cannot join the Ray cluster at {address}: no Ray cluster answered within "
+            f"{timeout_s:g} s (--connect-timeout); check --address (the head's port, 6379 by "
+            "default, or ray://HOST:10001 for Ray Client)"
+        )
+    error = outcome[0]
+    if isinstance(error, ConnectionError | ValueError | RuntimeError):
+        raise ConfigurationError(
+            f"cannot join the Ray cluster at {address}: {_first_line(error)}"
+        ) from None
+    if error is not None:
+        raise error
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """HOST and PORT of ``HOST:PORT`` or ``ray://HOST:PORT`` (None for "auto" and anything
+    else, which Ray reads itself)."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+class _Without(logging.Filter):
+    """Drops log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
 
 
 def _cause(exc: BaseException) -> str:

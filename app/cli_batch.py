@@ -144,6 +144,14 @@ def batch(
             help="Ray engine: GPUs each measuring worker holds (0: CPU workers).",
         ),
     ] = 0.0,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout",
+            help="Ray engine with --address: give up joining the cluster after this many "
+            "seconds (exit 2); an address where nothing listens is refused at once.",
+        ),
+    ] = 30.0,
     report: Annotated[
         Path | None,
         typer.Option(
@@ -223,9 +231,10 @@ def batch(
     from ingestion.selection import SelectionRules
 
     settings = settings_of(ctx)
-    if engine is Engine.LOCAL and (address is not None or gpus_per_worker):
+    if engine is Engine.LOCAL and (address is not None or gpus_per_worker or connect_timeout != 30):
         err.print(
-            "[red]error:[/red] --address and --gpus-per-worker are options of --engine ray",
+            "[red]error:[/red] --address, --gpus-per-worker and --connect-timeout are options "
+            "of --engine ray",
             highlight=False,
         )
         raise typer.Exit(EXIT_NOTHING)
@@ -266,11 +275,13 @@ def batch(
         correction_limits=settings.correction_limits,
     )
     if engine is Engine.RAY:
-        _check_ray(workers, gpus_per_worker)
+        _check_ray(workers, gpus_per_worker, connect_timeout)
     store = open_database(ctx, db, create=True)
     try:
         if engine is Engine.RAY:
-            summary = _run_on_ray(options, store, model_dir, address, workers, gpus_per_worker)
+            summary = _run_on_ray(
+                options, store, model_dir, address, workers, gpus_per_worker, connect_timeout
+            )
         else:  # the model is loaded when the first study needs measuring
             measurer = deferred_measurer(model_dir)
             with progress_display() as display:
@@ -300,14 +311,18 @@ def batch(
     raise typer.Exit(summary.exit_code)
 
 
-def _check_ray(workers: int | None, gpus_per_worker: float) -> None:
+def _check_ray(workers: int | None, gpus_per_worker: float, connect_timeout: float) -> None:
     """Ray installed and the options valid, before the database is opened (exit 2 if not)."""
     from app.batch_ray import RayOptions, import_ray
     from ingestion.errors import ConfigurationError
 
     try:
         import_ray()
-        RayOptions(workers=workers or None, gpus_per_worker=gpus_per_worker)
+        RayOptions(
+            workers=workers or None,
+            gpus_per_worker=gpus_per_worker,
+            connect_timeout_s=connect_timeout,
+        )
     except (ConfigurationError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
@@ -323,6 +338,7 @@ def _run_on_ray(
     address: str | None,
     workers: int | None,
     gpus_per_worker: float,
+    connect_timeout: float,
 ) -> Any:
     """The batch on Ray: the model named from its directory (its weights load in the workers)."""
     from app.batch import run_batch
@@ -335,7 +351,12 @@ def _run_on_ray(
     except ModelError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
-    ray_options = RayOptions(address=address, workers=workers, gpus_per_worker=gpus_per_worker)
+    ray_options = RayOptions(
+        address=address,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        connect_timeout_s=connect_timeout,
+    )
     with RayEngine(options, store, model, ray_options) as engine, progress_display() as display:
         return run_batch(
             options, store=store, measurer=model, listener=_Listener(display), engine=engine

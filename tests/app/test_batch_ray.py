@@ -152,6 +152,68 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _ray_batch(tmp_path: Path, address: str, *options: str) -> tuple[float, str, int]:
+    """``batch --engine ray --address ADDRESS`` on an empty tree: seconds, stderr, status."""
+    (tmp_path / "pacs").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    began = time.monotonic()
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "app.cli", "batch", str(tmp_path / "pacs")),
+            *("--engine", "ray", "--address", address, *options),
+            *("--db", f"sqlite:///{tmp_path / 's.sqlite3'}", "--work", str(tmp_path / "work")),
+        ],
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # the old batch tried for over 4 minutes
+        check=False,
+    )
+    return time.monotonic() - began, done.stderr, done.returncode
+
+
+def test_joining_an_address_where_nothing_listens_ends_at_once(tmp_path: Path) -> None:
+    """Issue 41, item 7: ``--address 127.0.0.1:1`` (nothing listens) hung for over 4 minutes."""
+    port = _free_port()  # and closed again: nothing listens there
+    seconds, stderr, status = _ray_batch(tmp_path, f"127.0.0.1:{port}")
+    assert status == 2, stderr[-4000:]
+    flat = _words(stderr)
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port}" in flat and "refused" in flat
+    assert "Traceback" not in stderr
+    assert seconds < 30, seconds  # the process's start-up included; Ray is never asked
+
+
+def test_joining_an_address_that_does_not_answer_as_ray_times_out(tmp_path: Path) -> None:
+    """Something takes the connection but is no Ray cluster (a database port given by
+    mistake): the connection is given up after --connect-timeout seconds."""
+    with socket.socket() as silent:
+        silent.bind(("0.0.0.0", 0))  # Ray connects to this machine's address, not 127.0.0.1
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        seconds, stderr, status = _ray_batch(
+            tmp_path, f"127.0.0.1:{port}", "--connect-timeout", "3"
+        )
+    assert status == 2, stderr[-4000:]
+    flat = _words(stderr)
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port}" in flat
+    assert "no Ray cluster answered within 3 s" in flat and "Traceback" not in stderr
+    assert seconds < 3 + 25, seconds
+
+
+def test_a_connect_timeout_must_be_a_positive_number(tmp_path: Path) -> None:
+    for value in ("0", "-1", "inf", "nan"):
+        done = runner.invoke(
+            app,
+            [
+                *("batch", str(tmp_path), "--engine", "ray", "--address", "127.0.0.1:1"),
+                *("--connect-timeout", value),
+            ],
+        )
+        assert done.exit_code == 2 and "--connect-timeout" in done.output, (value, done.output)
+        assert "No such option" not in done.output
+
+
 @dataclass(frozen=True)
 class Cluster:
     address: str
@@ -293,7 +355,9 @@ def test_without_ray_the_engine_says_how_to_install_it(tmp_path: Path) -> None:
 def test_ray_options_belong_to_the_ray_engine(tmp_path: Path) -> None:
     done = runner.invoke(app, ["batch", str(tmp_path), "--address", "auto"])
     assert done.exit_code == 2
-    assert "--address and --gpus-per-worker are options of --engine ray" in done.stderr
+    assert "--address, --gpus-per-worker and --connect-timeout are options of --engine ray" in (
+        done.stderr
+    )
     done = runner.invoke(app, ["batch", str(tmp_path), "--engine", "ray", "--measurers", "2"])
     assert done.exit_code == 2
     assert "--measurers is an option of --engine local" in done.stderr
