@@ -23,9 +23,8 @@ measures in its own process. A request must come whole within 10 s (a client tha
 in is dropped), and every field is checked (types, ranges: umask 0..0o777, an environment of text
 without NUL, an existing folder, ...) before any is applied: a malformed one is refused, and the
 resident's own environment, folder and umask are back after every command, whatever happened.
-A model's files are looked at for every command
-(name, size, time and inode of each): a changed checkpoint is loaded again, never measured with
-the old weights.
+A model's files are looked at for every command (name, size, time and inode of each): a changed
+checkpoint is loaded again, never measured with the old weights.
 
 Patient identifiers: the resident's own log says when a command ran, for how long and its exit
 status, never a path (a PACS folder name can be a patient's name); the command's own log lines go
