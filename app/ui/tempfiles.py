@@ -41,7 +41,8 @@ class PrivateFolder:
     def prepare(self) -> Path:
         """Create the folder owner-only (or make an existing one so) and empty it.
 
-        Raises ``ConfigurationError`` for a link, a file, or a folder of another user.
+        Raises ``ConfigurationError`` for a link, a file, a folder of another user, or one
+        that others may change (``app.files.owner_only_dir``).
         """
         path = self.path
         if path.is_symlink() or (path.exists() and not path.is_dir()):
@@ -54,7 +55,7 @@ class PrivateFolder:
                 f"{path}: the UI's temporary folder belongs to another user; remove it or give "
                 "it to the user running radcaliper"
             )
-        owner_only_dir(path)
+        owner_only_dir(path, "UI's temporary folder")
         self.clear()
         return path
 
