@@ -1038,9 +1038,13 @@ def serve(
     model and creates the demo users reviewer, auditor and admin, printing their passwords once
     (also in DATA_DIR/demo-users.txt). Stop it with Ctrl-C.
 
-    Failed logins lock a user name (10 within 15 minutes) or an address (30) for 15 minutes
-    (RADCALIPER_LOGIN_* settings); the UI's temporary files are kept in DATA_DIR/ui-temp
-    (owner-only, emptied when the server stops).
+    Failed logins back off: 5 for one user name from one address lock that name from that
+    address for 30 s, doubled with each further failure up to 15 minutes; 30 from one address
+    lock the address; a name with 10 failures from anywhere within 15 minutes is slowed (3 s)
+    from other addresses, never locked, so its owner still gets in (RADCALIPER_LOGIN_*
+    settings; 'radcaliper users unlock' ends a lock). The client address is the peer's; a
+    proxy's X-Forwarded-For counts only from RADCALIPER_TRUSTED_PROXIES. The UI's temporary
+    files are kept in DATA_DIR/ui-temp (owner-only, emptied when the server stops).
     """
     import uvicorn
 
@@ -1090,8 +1094,10 @@ def serve(
             login_limits=settings.login_limits,
             secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
             trusted_origins=settings.trusted_origins,
+            trusted_proxies=settings.trusted_proxies,
         ),
         host=host,
         port=port,
         log_level="warning",
+        proxy_headers=False,  # the app reads X-Forwarded-For from trusted proxies only
     )

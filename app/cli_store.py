@@ -256,27 +256,157 @@ def users_add(
 
 @users_app.command("list")
 def users_list(ctx: typer.Context, db: DbOption = None) -> None:
-    """List users with their roles."""
+    """List users: role, whether enabled, whether they have a password and must change it,
+    and the locks of their logins now in force (name from address, until when). Addresses
+    locked for every name are listed after the users."""
     from sqlalchemy import select
 
+    from db.logins import login_locks
     from db.models import User
 
+    settings = settings_of(ctx)
     store = open_database(ctx, db)
     try:
         with store.reader() as session:
             users = session.execute(select(User).order_by(User.name)).scalars().all()
-            rows = [
-                {
-                    "name": u.name,
-                    "role": u.role.value,
-                    "active": u.active,
-                    "password": u.password_hash is not None,
-                }
-                for u in users
-            ]
+            locks = login_locks(session, settings.login_limits, datetime.now(UTC))
     finally:
         store.dispose()
-    _print_rows(rows, "table", ["name", "role", "active", "password"])
+    held: dict[str, list[str]] = {}
+    for lock in locks:
+        until = lock.until.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        held.setdefault(lock.user or "", []).append(f"from {lock.address} until {until}")
+    rows = [
+        {
+            "name": u.name,
+            "role": u.role.value,
+            "active": u.active,
+            "password": u.password_hash is not None,
+            "must change": u.must_change_password,
+            "locked": "; ".join(held.get(u.name, [])),
+        }
+        for u in users
+    ]
+    _print_rows(rows, "table", ["name", "role", "active", "password", "must change", "locked"])
+    for text in held.get("", []):
+        out.print(f"address locked for every name: {safe(text)}")
+
+
+def _administer(ctx: typer.Context, db: str | None, change: Callable[[Any], str]) -> None:
+    """Run one change to the users in a write transaction: print what it says, or exit 2 with
+    one line (an unknown user, the last admin, a refused password, ...)."""
+    store = open_database(ctx, db)
+    try:
+        with store.writer() as session:
+            try:
+                said = checked(lambda: change(session))
+            except ValueError as exc:
+                err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+                raise typer.Exit(EXIT_NOTHING) from exc
+            checked(session.commit)
+    finally:
+        store.dispose()
+    out.print(said)
+
+
+UserName = Annotated[str, typer.Argument(help="The user's login name.")]
+
+
+@users_app.command("unlock")
+def users_unlock(
+    ctx: typer.Context,
+    name: UserName,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Only the lock from this client address."),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """End the locks of NAME's logins (forget its failed logins, from every address or one).
+    An audit event."""
+    from db.users import unlock_user
+
+    def change(session: Any) -> str:
+        count = unlock_user(session, name, actor=cli_actor(), address=address)
+        where = "" if address is None else f" from {safe(address)}"
+        return f"Unlocked {safe(repr(name))}{where}: {count} failed login(s) forgotten"
+
+    _administer(ctx, db, change)
+
+
+@users_app.command("disable")
+def users_disable(ctx: typer.Context, name: UserName, db: DbOption = None) -> None:
+    """Disable NAME: they can no longer log in, and their open sessions end at their next
+    request. The last enabled admin cannot be disabled. An audit event."""
+    from db.users import set_active
+
+    _administer(
+        ctx,
+        db,
+        lambda s: f"Disabled {safe(repr(set_active(s, name, False, actor=cli_actor()).name))}",
+    )
+
+
+@users_app.command("enable")
+def users_enable(ctx: typer.Context, name: UserName, db: DbOption = None) -> None:
+    """Enable NAME again. An audit event."""
+    from db.users import set_active
+
+    _administer(
+        ctx,
+        db,
+        lambda s: f"Enabled {safe(repr(set_active(s, name, True, actor=cli_actor()).name))}",
+    )
+
+
+@users_app.command("passwd")
+def users_passwd(
+    ctx: typer.Context,
+    name: UserName,
+    password_stdin: Annotated[
+        bool,
+        typer.Option("--password-stdin", help="Read the password from standard input (one line)."),
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Set NAME's password as an administrator: NAME must choose a new one at the next login,
+    and their open sessions end. Users change their own password in the UI (Change password).
+    At least 8 characters, not containing the user name. An audit event (never the password)."""
+    from db.users import reset_password
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        import getpass
+
+        password = getpass.getpass(f"new password for {name}: ")
+        if getpass.getpass("again: ") != password:
+            err.print("[red]error:[/red] the two passwords differ; nothing changed")
+            raise typer.Exit(EXIT_NOTHING)
+
+    def change(session: Any) -> str:
+        user = reset_password(session, name, password, actor=cli_actor())
+        return f"Password of {safe(repr(user.name))} set: they must change it at the next login"
+
+    _administer(ctx, db, change)
+
+
+@users_app.command("role")
+def users_role(
+    ctx: typer.Context,
+    name: UserName,
+    role: Annotated[str, typer.Argument(help="reviewer, auditor or admin.")],
+    db: DbOption = None,
+) -> None:
+    """Give NAME another role; their open sessions end. The last enabled admin cannot be
+    demoted. An audit event."""
+    from db.users import set_role
+
+    def change(session: Any) -> str:
+        user = set_role(session, name, role, actor=cli_actor())
+        return f"{safe(repr(user.name))} is now {user.role.value}"
+
+    _administer(ctx, db, change)
 
 
 # --- audit ---------------------------------------------------------------------------------------

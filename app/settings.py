@@ -10,7 +10,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from app.ui.throttle import LoginLimits
+    from db.logins import LoginLimits
     from db.review import CorrectionLimits
 
 __all__ = ["Settings"]
@@ -96,30 +96,57 @@ class Settings(BaseSettings):
             diameter_mm=self.max_diameter_mm,
         )
 
-    # --- the review UI's web server (radcaliper serve; app.ui.server, app.ui.throttle) ----------
+    # --- the review UI's web server (radcaliper serve; app.ui.server; db.logins) --------------
     login_max_failures: int = Field(
-        default=10,
+        default=5,
         ge=0,
-        description="Failed logins of one user name within login_window_minutes that lock it "
-        "for login_lockout_minutes (0: no limit).",
+        description="Failed logins of one user name from one client address before that name "
+        "backs off from that address: locked login_first_lock_seconds, doubled with each further "
+        "failure up to login_lockout_minutes (0: no limit). Other addresses are not locked.",
     )
     login_address_max_failures: int = Field(
         default=30,
         ge=0,
-        description="Failed logins from one client address within login_window_minutes that "
-        "lock it for login_lockout_minutes (0: no limit).",
+        description="Failed logins from one client address (any names) before the address "
+        "backs off for every name, the same way (0: no limit).",
+    )
+    login_name_max_failures: int = Field(
+        default=10,
+        ge=0,
+        description="Failed logins of one user name from anywhere within login_window_minutes "
+        "after which its logins from other addresses are answered after "
+        "login_name_delay_seconds (slowed, never locked; 0: no limit).",
+    )
+    login_first_lock_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The first lock of a backing-off name or address.",
     )
     login_window_minutes: float = Field(
         default=15.0,
         gt=0,
         allow_inf_nan=False,
-        description="How long a failed login counts towards a lock.",
+        description="How long a failed login counts towards slowing its user name.",
     )
     login_lockout_minutes: float = Field(
         default=15.0,
         gt=0,
         allow_inf_nan=False,
-        description="How long a locked user name or address may not log in.",
+        description="The longest lock of a backing-off name or address.",
+    )
+    login_name_delay_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        le=60,
+        allow_inf_nan=False,
+        description="How long a login of a user name under attack waits.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses of reverse proxies whose X-Forwarded-For header names the client, "
+        "as JSON: '[\"127.0.0.1\"]'. From any other peer the header is ignored (the peer's "
+        "address is the client's).",
     )
     secure_cookies: bool = Field(
         default=False,
@@ -133,12 +160,15 @@ class Settings(BaseSettings):
 
     @property
     def login_limits(self) -> LoginLimits:
-        """The ``login_*`` settings as the UI's :class:`~app.ui.throttle.LoginLimits`."""
-        from app.ui.throttle import LoginLimits
+        """The ``login_*`` settings as :class:`~db.logins.LoginLimits`."""
+        from db.logins import LoginLimits
 
         return LoginLimits(
-            user_failures=self.login_max_failures,
+            free_failures=self.login_max_failures,
             address_failures=self.login_address_max_failures,
+            name_failures=self.login_name_max_failures,
+            first_lock_s=self.login_first_lock_seconds,
+            max_lock_s=max(self.login_lockout_minutes * 60.0, self.login_first_lock_seconds),
             window_s=self.login_window_minutes * 60.0,
-            lockout_s=self.login_lockout_minutes * 60.0,
+            name_delay_s=self.login_name_delay_seconds,
         )

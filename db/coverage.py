@@ -9,7 +9,8 @@ log recorded for each row, naming the first table, row and field that differs.
 ====================  =====================================================================
 table                 fields recorded
 ====================  =====================================================================
-``users``             name, role, active, the password hash (as a digest), created_at
+``users``             name, role, active, the password hash (as a digest), created_at, whether
+                      the password must be changed at the next login (since 0004)
 ``studies``           study UID, patient id, patient name, study date, created_at
 ``series``            study, series UID, modality, description, source format, shape, spacing,
                       geometry, the SOP instance UIDs (as a digest), created_at
@@ -135,6 +136,8 @@ def user_state(u: Any, digest_of: DigestOf = digest) -> State:
         "active": bool(u.active),
         "password_hash": None if u.password_hash is None else digest_of(u.password_hash),
         "created_at": _time(u.created_at),
+        # since 0004 (a row of an earlier schema has no such attribute, or reads it as NULL)
+        "must_change_password": bool(getattr(u, "must_change_password", False)),
     }
 
 

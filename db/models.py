@@ -41,6 +41,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -49,6 +50,7 @@ __all__ = [
     "AuditHead",
     "Base",
     "Finding",
+    "LoginFailure",
     "Measurement",
     "MeasurementSource",
     "Review",
@@ -122,6 +124,25 @@ class User(Base):
     password_hash: Mapped[str | None] = mapped_column(String(256))
     active: Mapped[bool] = mapped_column(default=True)
     created_at: Mapped[datetime]
+    # an administrator set the password: the user must choose a new one at the next login; 0004
+    must_change_password: Mapped[bool] = mapped_column(default=False, server_default=false())
+
+
+class LoginFailure(Base):
+    """A failed login: the name tried and the client address (not a user's row: unknown names
+    are counted too). The login back-off is computed from these (``db.logins``); unlocking
+    deletes them. Not covered by the audit log (locks and unlocks are events). Since 0004."""
+
+    __tablename__ = "login_failures"
+    __table_args__ = (
+        Index("ix_login_failures_user_name", "user_name", "at"),
+        Index("ix_login_failures_address", "address", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(64))
+    address: Mapped[str] = mapped_column(String(128))
+    at: Mapped[datetime]
 
 
 class Study(Base):

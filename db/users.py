@@ -1,9 +1,18 @@
-"""Users (reviewer, auditor, admin) and their passwords (scrypt, a memory-hard KDF).
+"""Users (reviewer, auditor, admin), their passwords (scrypt, a memory-hard KDF) and their
+administration.
 
 Hash format: ``scrypt$<n>$<r>$<p>$<salt b64>$<key b64>`` with a 16-byte random salt and a 32-byte
 key; verification is constant-time, and checking a password for a user without one (or an
 unknown user: pass None) costs the same scrypt work as a wrong password, so the time of a login
-answer does not tell whether the user exists. Adding a user is an audit event.
+answer does not tell whether the user exists.
+
+A password has at least :data:`MIN_PASSWORD` characters and does not contain the user's name
+(:func:`check_password`). Administration: disable and enable a user, set their role, set a
+password (an administrator's reset: the user must choose a new one at the next login; their own
+change clears that), unlock their logins (``db.logins``). The last enabled administrator can be
+neither disabled nor demoted. Every change is an audit event with the user's new state; a change
+of role, password or active flag changes the user's :func:`credential_stamp`, which ends the
+user's open sessions in the review UI.
 """
 
 from __future__ import annotations
@@ -26,11 +35,25 @@ from db.coverage import states_detail
 from db.models import Role, User
 from ingestion.errors import StorageError
 
-__all__ = ["add_user", "get_user", "hash_password", "verify_password"]
+__all__ = [
+    "MIN_PASSWORD",
+    "add_user",
+    "change_own_password",
+    "check_password",
+    "credential_stamp",
+    "get_user",
+    "hash_password",
+    "reset_password",
+    "set_active",
+    "set_role",
+    "unlock_user",
+    "verify_password",
+]
 
 _N, _R, _P = 2**14, 8, 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 MIN_PASSWORD = 8
+MAX_PASSWORD = 1024  # scrypt of a longer text is only a way to make the server work
 
 
 def hash_password(password: str) -> str:
@@ -87,6 +110,35 @@ def get_user(session: Session, name: str) -> User | None:
     return session.execute(select(User).where(User.name == name)).scalar_one_or_none()
 
 
+def check_password(name: str, password: str) -> None:
+    """Refuse (``ValueError``, saying why) a password that is too short or contains the
+    user's name (either way round, in any case)."""
+    if len(password) < MIN_PASSWORD:
+        raise ValueError(f"a password needs at least {MIN_PASSWORD} characters")
+    if len(password) > MAX_PASSWORD:
+        raise ValueError(f"a password has at most {MAX_PASSWORD} characters")
+    folded = password.casefold()
+    if len(name) >= 3 and (name.casefold() in folded or name.casefold()[::-1] in folded):
+        raise ValueError(f"the password must not contain the user name {name!r}")
+
+
+def credential_stamp(user: User) -> str:
+    """What a login session holds of its user: it changes when the user is disabled or
+    enabled, changes role or password, or must change it (the session then ends)."""
+    return hashlib.sha256(
+        "\x00".join(
+            (
+                str(user.id),
+                user.name,
+                user.role.value,
+                "1" if user.active else "0",
+                user.password_hash or "",
+                "1" if user.must_change_password else "0",
+            )
+        ).encode()
+    ).hexdigest()
+
+
 def add_user(
     session: Session, name: str, role: Role | str, *, password: str | None, actor: str
 ) -> User:
@@ -97,10 +149,9 @@ def add_user(
             f"user name {name!r}: use 1-64 letters, digits, '.', '_', '@' or '-', starting with "
             "a letter or digit"
         )
-    try:
-        checked = Role(role)
-    except ValueError:
-        raise ValueError(f"role {role!r}: use reviewer, auditor or admin") from None
+    checked = _role(role)
+    if password is not None:
+        check_password(name, password)
     if get_user(session, name) is not None:
         raise StorageError(f"user {name!r} exists already")
     user = User(
@@ -130,3 +181,120 @@ def add_user(
         },
     )
     return user
+
+
+def _role(role: Role | str) -> Role:
+    try:
+        return Role(role)
+    except ValueError:
+        raise ValueError(f"role {role!r}: use reviewer, auditor or admin") from None
+
+
+def _existing(session: Session, name: str) -> User:
+    """The user ``name``, locked for this transaction (PostgreSQL: ``FOR UPDATE``)."""
+    user = session.execute(
+        select(User).where(User.name == name).with_for_update()
+    ).scalar_one_or_none()
+    if user is None:
+        raise StorageError(f"there is no user {name!r} (radcaliper users list shows them)")
+    return user
+
+
+def _keep_an_admin(session: Session, user: User, action: str) -> None:
+    """Refuse to leave no enabled administrator."""
+    if user.role is not Role.ADMIN or not user.active:
+        return
+    admins = session.execute(
+        select(User.id).where(User.role == Role.ADMIN, User.active.is_(True)).with_for_update()
+    ).all()
+    if len(admins) <= 1:
+        raise StorageError(
+            f"{user.name!r} is the last enabled admin: cannot {action} them (make another "
+            "user admin first)"
+        )
+
+
+def _logged(session: Session, user: User, action: str, actor: str, **details: object) -> None:
+    session.flush()
+    append_event(
+        session,
+        actor=actor,
+        action=action,
+        object_type="user",
+        object_id=user.id,
+        details={**details, "rows": states_detail({"users": [user]})},
+    )
+
+
+def set_active(session: Session, name: str, active: bool, *, actor: str) -> User:
+    """Enable or disable ``name`` (the caller commits); a disabled user cannot log in and
+    their sessions end. StorageError for an unknown user or the last enabled admin."""
+    user = _existing(session, name)
+    if user.active == active:
+        return user
+    if not active:
+        _keep_an_admin(session, user, "disable")
+    user.active = active
+    _logged(session, user, "user.enabled" if active else "user.disabled", actor)
+    return user
+
+
+def set_role(session: Session, name: str, role: Role | str, *, actor: str) -> User:
+    """Give ``name`` another role (the caller commits); their sessions end. StorageError for
+    an unknown user or demoting the last enabled admin, ValueError for a bad role."""
+    checked = _role(role)
+    user = _existing(session, name)
+    if user.role is checked:
+        return user
+    if checked is not Role.ADMIN:
+        _keep_an_admin(session, user, "demote")
+    before = user.role.value
+    user.role = checked
+    _logged(session, user, "user.role_changed", actor, before=before, after=checked.value)
+    return user
+
+
+def reset_password(session: Session, name: str, password: str, *, actor: str) -> User:
+    """An administrator sets ``name``'s password (the caller commits): the user must choose a
+    new one at the next login, and their sessions end."""
+    user = _existing(session, name)
+    check_password(user.name, password)
+    user.password_hash = hash_password(password)
+    user.must_change_password = True
+    _logged(session, user, "user.password_reset", actor)
+    return user
+
+
+def change_own_password(session: Session, name: str, current: str, new: str) -> User:
+    """The user ``name`` changes their own password, giving the current one (the caller
+    commits). StorageError when the current password is wrong (the same scrypt work either
+    way), ValueError for a new one the rules refuse or equal to the current one."""
+    user = _existing(session, name)
+    if not user.active or not verify_password(user.password_hash, current):
+        raise StorageError("the current password is wrong")
+    check_password(user.name, new)
+    if new == current:
+        raise ValueError("the new password must differ from the current one")
+    user.password_hash = hash_password(new)
+    user.must_change_password = False
+    _logged(session, user, "user.password_changed", user.name)
+    return user
+
+
+def unlock_user(session: Session, name: str, *, actor: str, address: str | None = None) -> int:
+    """Forget ``name``'s failed logins (from ``address`` only, or all), which ends their locks
+    (the caller commits): how many were forgotten. An audit event, for unknown names too (a
+    lock says nothing about which users exist)."""
+    from db.logins import forget_failures
+
+    user = get_user(session, name)
+    count = forget_failures(session, name, address)
+    append_event(
+        session,
+        actor=actor,
+        action="user.unlocked",
+        object_type="user",
+        object_id=None if user is None else user.id,
+        details={"user": name[:64], "address": address, "failures": count},
+    )
+    return count

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from db.engine import Store
+from db.logins import LoginLimits
 from db.models import Role, User
 from db.review import CorrectionLimits
 from ingestion.errors import AccessDeniedError, ModelError
@@ -31,6 +33,10 @@ class UiContext:
     correction_limits: CorrectionLimits = field(default_factory=CorrectionLimits)
     # the UI's private temporary folder (app.ui.tempfiles); the server sets it when built
     temp_dir: Path | None = None
+    # the login back-off (the admin page shows its locks) and a way to end a user's sessions
+    # in this server at once (the server sets both; other servers end them at the next request)
+    login_limits: LoginLimits = field(default_factory=LoginLimits)
+    end_sessions: Callable[[str], int] = field(default=lambda _: 0, repr=False)
     _measurer: Any = field(default=None, repr=False)
     _volumes: OrderedDict[tuple[str, str], Volume] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -82,7 +88,7 @@ class UiContext:
             raise ModelError(f"the images of this study are no longer at {source}")
         loaded = load_path(path, self.nifti_modality)
         for volume in loaded.volumes:
-            if volume.identifiers.series_instance_uid == series_uid:
+            if volume.identifiers.series_key == series_uid:  # the store's key of the stack
                 with self._lock:
                     self._volumes[key] = volume
                     while len(self._volumes) > VOLUMES_KEPT:

@@ -16,6 +16,12 @@
   let through deliberately: browsers send ``Origin`` on every cross-site POST, so such a request
   comes from a program (curl, a script) that holds its own session cookie, which is not the
   forgery this check is about.
+- **Password changes first.** A live session whose user must change their password (an
+  administrator set it) reaches nothing under ``/app`` but a redirect to the change page (a
+  browser's page) or 403 (anything else) until they have.
+- **Client address.** :func:`client_address` is the peer's address; a reverse proxy's
+  ``X-Forwarded-For`` is believed only from the configured trusted proxies (the login back-off
+  counts failures per address: a client must not choose its own).
 - **Headers.** Every response says ``X-Frame-Options: DENY`` and ``Content-Security-Policy:
   frame-ancestors 'none'`` (no page may frame the UI: no clickjacking), ``X-Content-Type-Options:
   nosniff`` and ``Referrer-Policy: same-origin``; the Gradio API's answers (images, exports,
@@ -33,9 +39,17 @@ from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SECURITY_HEADERS", "SESSION_ENDED", "WebGuard", "same_origin"]
+__all__ = [
+    "CHANGE_PASSWORD_FIRST",
+    "SECURITY_HEADERS",
+    "SESSION_ENDED",
+    "WebGuard",
+    "client_address",
+    "same_origin",
+]
 
 SESSION_ENDED = "Your session ended, log in again."
+CHANGE_PASSWORD_FIRST = "Change your password first (an administrator set it): /password"
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"content-security-policy", b"frame-ancestors 'none'"),
@@ -75,9 +89,25 @@ def same_origin(headers: Headers, trusted: Iterable[str] = ()) -> bool | None:
     return origin in {_origin_of(t) for t in trusted}
 
 
+def client_address(connection: HTTPConnection, trusted_proxies: Iterable[str] = ()) -> str:
+    """The client's address: the peer's, or where the peer is a trusted proxy the last address
+    of ``X-Forwarded-For`` that is not a trusted proxy ("unknown" without a peer)."""
+    peer = connection.client.host if connection.client is not None else "unknown"
+    trusted = set(trusted_proxies)
+    if peer not in trusted:
+        return peer
+    forwarded = ",".join(connection.headers.getlist("x-forwarded-for"))
+    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if hop not in trusted:
+            return hop[:128]
+    return peer
+
+
 class WebGuard:
     """The checks of this module's doc, around ``app``; ``is_live(token)`` says whether a
-    session cookie belongs to a live session."""
+    session cookie belongs to a live session, ``detour(token)`` where a live one must go first
+    (None: nowhere)."""
 
     def __init__(
         self,
@@ -87,9 +117,11 @@ class WebGuard:
         cookie: str,
         protected: str,
         trusted_origins: Iterable[str] = (),
+        detour: Callable[[str | None], str | None] = lambda _: None,
     ) -> None:
         self.app = app
         self.is_live = is_live
+        self.detour = detour
         self.cookie = cookie
         self.protected = protected.rstrip("/")
         self.trusted = tuple(trusted_origins)
@@ -106,10 +138,32 @@ class WebGuard:
             await self._refuse(scope, send, 403, "Refused: this request comes from another site.")
             return
         guarded = path == self.protected or path.startswith(f"{self.protected}/")
-        if guarded and not self.is_live(connection.cookies.get(self.cookie)):
-            await self._refuse(scope, send, 401, SESSION_ENDED)
-            return
+        if guarded:
+            token = connection.cookies.get(self.cookie)
+            if not self.is_live(token):
+                await self._refuse(scope, send, 401, SESSION_ENDED)
+                return
+            elsewhere = self.detour(token)
+            if elsewhere is not None:
+                await self._send_elsewhere(scope, send, elsewhere)
+                return
         await self.app(scope, receive, send)
+
+    @classmethod
+    async def _send_elsewhere(cls, scope: Scope, send: Send, path: str) -> None:
+        """A browser's page goes to ``path``; anything else is refused (403)."""
+        accept = Headers(scope=scope).get("accept", "")
+        if scope["type"] == "http" and scope["method"] == "GET" and "text/html" in accept:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 303,
+                    "headers": [(b"location", path.encode()), (b"content-length", b"0")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await cls._refuse(scope, send, 403, CHANGE_PASSWORD_FIRST)
 
     @staticmethod
     def _with_headers(send: Send, *, no_store: bool) -> Send:

@@ -2,16 +2,24 @@
 
 Routes: ``GET /login`` (a form), ``POST /login`` (checks the user table's scrypt hash, opens a
 server-side session, sets the ``radcaliper_session`` cookie: HttpOnly, SameSite=Lax, Secure
-with ``secure_cookies``), ``GET /logout``, ``GET /`` (redirects), ``/healthz``; the Gradio app
-lives under ``/app``. Sessions expire after ``session_minutes`` whatever the browser does.
+with ``secure_cookies``), ``GET /password`` and ``POST /password`` (a user changes their own
+password, giving the current one; where an administrator set it, the only page the session
+reaches until they have), ``POST /logout`` (``GET /logout`` only shows a button: a link or an
+image elsewhere cannot log anyone out), ``GET /`` (redirects), ``/healthz``; the Gradio app
+lives under ``/app``. Sessions expire after ``session_minutes`` whatever the browser does, and
+end at the next request once their user is disabled or changes role or password (the user's
+credential stamp, read from the database on every request, so a change made on the command line
+counts too).
 
 Every request passes ``app.ui.security.WebGuard`` first: everything under ``/app`` answers 401
 without a live session ("Your session ended, log in again."), state-changing requests from
-another site are refused (403), and every response forbids framing. Failed logins are throttled
-(``app.ui.throttle``: a user name or an address with too many failures is locked for a while,
-the right password too); an unknown user costs the same password check as a known one, so the
-answer's timing does not tell them apart. Every login, failed login, lock and logout is an audit
-event (one ``login.locked`` per lock, not per refused attempt).
+another site are refused (403), and every response forbids framing. Failed logins back off
+(``db.logins``: a name from one address, or one address, is locked for a time that doubles with
+each failure; a name under attack from many addresses is slowed, never locked, so its owner
+gets in from another address); the client address is the peer's, a proxy's ``X-Forwarded-For``
+only from ``trusted_proxies``. An unknown user costs the same password check as a known one, so
+the answer's timing does not tell them apart. Every login, failed login, lock, password change
+and logout is an audit event (one ``login.locked`` per lock, not per refused attempt).
 
 The UI's temporary files (Gradio's cache: rendered slices, uploads in transit, exports) live in
 a private folder (``app.ui.tempfiles``), set when the app is built, swept while it runs and
@@ -26,24 +34,26 @@ import html
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from app.ui.context import UiContext
-from app.ui.security import WebGuard
-from app.ui.sessions import COOKIE, Sessions
+from app.ui.security import WebGuard, client_address
+from app.ui.sessions import COOKIE, Session, Sessions
 from app.ui.tempfiles import PrivateFolder
-from app.ui.throttle import LoginLimits, LoginThrottle
+from db.logins import LoginLimits
 
 __all__ = ["APP_PATH", "create_app"]
 
 logger = logging.getLogger(__name__)
 
 APP_PATH = "/app"
+PASSWORD_PATH = "/password"
 SWEEP_EVERY_S = 60.0
 # Run by the page when it loads: a request the server refuses for want of a session (401: the
 # session ended, by logging out in another tab or by expiry) takes the tab to the login page,
@@ -60,18 +70,30 @@ _ON_SESSION_END = """() => {
 }"""
 _MESSAGES = {
     "wrong": "Wrong user or password.",
-    "locked": "Too many failed logins for this user or from this address: logging in is "
-    "locked for {minutes} more minute(s). Try again then, or ask an admin.",
+    "locked": "Too many failed logins for this user from this address, or from this address: "
+    "logging in from here is locked for {minutes} more minute(s). Try again then, or ask an "
+    "admin to unlock it.",
     "ended": "Your session ended, log in again.",
+    "changed": "Your password was changed.",
+}
+_PASSWORD_MESSAGES = {
+    "must": "An administrator set your password: choose a new one to go on.",
+    "current": "The current password is wrong.",
+    "repeat": "The new password and its repetition differ.",
+    "locked": "Too many wrong passwords: try again in {minutes} minute(s).",
 }
 
-_LOGIN_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>radcaliper: log in</title>
-<style>
+_STYLE = """<style>
 body {{ font-family: system-ui, sans-serif; max-width: 24rem; margin: 6rem auto; }}
 input {{ display: block; width: 100%; margin: 0.3rem 0 1rem; padding: 0.4rem; }}
 .error {{ color: #b00; }} .note {{ color: #555; font-size: 0.9rem; }}
-</style></head>
+</style>"""
+_LOGIN_PAGE = (
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>radcaliper: log in</title>
+"""
+    + _STYLE
+    + """</head>
 <body><h1>radcaliper</h1>
 <p class="note">Measurements for review. The bundled demo model is <b>not for clinical use</b>.</p>
 {error}
@@ -82,6 +104,41 @@ input {{ display: block; width: 100%; margin: 0.3rem 0 1rem; padding: 0.4rem; }}
 <button type="submit" id="login">Log in</button>
 </form></body></html>
 """
+)
+_PASSWORD_PAGE = (
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>radcaliper: change password</title>
+"""
+    + _STYLE
+    + """</head>
+<body><h1>Change your password</h1>
+<p class="note">{user}: at least {minimum} characters, not containing your user name.</p>
+{error}
+<form method="post" action="/password">
+<label for="current">Current password</label>
+<input id="current" name="current" type="password" autocomplete="current-password">
+<label for="new">New password</label>
+<input id="new" name="new" type="password" autocomplete="new-password">
+<label for="repeat">New password again</label>
+<input id="repeat" name="repeat" type="password" autocomplete="new-password">
+<button type="submit" id="change">Change password</button>
+</form>{back}</body></html>
+"""
+)
+_LOGOUT_PAGE = (
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>radcaliper: log out</title>
+"""
+    + _STYLE
+    + """</head>
+<body><form method="post" action="/logout"><button type="submit" id="logout">Log out</button>
+</form></body></html>
+"""
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 def create_app(
@@ -91,22 +148,28 @@ def create_app(
     login_limits: LoginLimits | None = None,
     secure_cookies: bool = False,
     trusted_origins: Sequence[str] = (),
+    trusted_proxies: Sequence[str] = (),
+    clock: Callable[[], datetime] = _now,
 ) -> FastAPI:
     """The FastAPI application (login, sessions, the mounted Gradio UI).
 
-    ``login_limits``: the throttling of failed logins (default :class:`LoginLimits`);
-    ``secure_cookies``: send the session cookie over HTTPS only (on behind an HTTPS proxy);
-    ``trusted_origins``: origins (``https://host[:port]``) besides the request's own host whose
-    pages may send state-changing requests (a proxy that rewrites ``Host``).
+    ``login_limits``: the back-off of failed logins (default :class:`LoginLimits`; also what
+    the admin page shows as locks); ``secure_cookies``: send the session cookie over HTTPS only
+    (on behind an HTTPS proxy); ``trusted_origins``: origins (``https://host[:port]``) besides
+    the request's own host whose pages may send state-changing requests (a proxy that rewrites
+    ``Host``); ``trusted_proxies``: peers whose ``X-Forwarded-For`` names the client;
+    ``clock``: the time failed logins are counted by (tests).
     """
     import gradio as gr
 
     from app.ui.views import build_blocks
     from db.audit import append_event
-    from db.users import get_user, verify_password
+    from db.logins import login_state, record_failure, record_success
+    from db.users import MAX_PASSWORD, MIN_PASSWORD, credential_stamp, get_user, verify_password
 
+    limits = login_limits or LoginLimits()
+    context.login_limits = limits
     sessions = Sessions(session_minutes * 60.0)
-    throttle = LoginThrottle(login_limits)
     verify_password(None, "")  # makes the dummy hash now, not during the first login
     app = FastAPI(title="radcaliper review", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -122,60 +185,71 @@ def create_app(
             )
             session.commit()
 
+    def address_of(request: Request) -> str:
+        return client_address(request, trusted_proxies)
+
+    def minutes(seconds: float) -> int:
+        return max(1, math.ceil(seconds / 60.0))
+
     def locked_page(seconds: float) -> RedirectResponse:
-        minutes = max(1, math.ceil(seconds / 60.0))
-        return RedirectResponse(f"/login?error=locked&minutes={minutes}", status_code=303)
+        return RedirectResponse(f"/login?error=locked&minutes={minutes(seconds)}", status_code=303)
 
-    @app.get("/login", response_class=HTMLResponse)
-    def login_page(error: str | None = None, minutes: int = 1) -> HTMLResponse:
-        text = _MESSAGES.get(error or "", "")  # codes only: no text of the URL is shown
-        shown = html.escape(text.format(minutes=max(1, minutes)))
-        message = f'<p class="error">{shown}</p>' if text else ""
-        return HTMLResponse(_LOGIN_PAGE.format(error=message))
-
-    @app.post("/login")
-    def login(request: Request, username: str = Form(""), password: str = Form("")) -> Any:
-        name = username.strip()
+    def failed(name: str, address: str, action: str) -> list[Any]:
+        """Count a failure (and audit it, and the locks it starts): the locks."""
         actor = name[:64] or "?"
-        address = request.client.host if request.client is not None else "unknown"
-        waiting = throttle.locked_for(name, address)
-        if waiting > 0:  # not checked, not counted, not audited: the lock was, once
-            logger.info("login refused: locked for %.0f s more", waiting)
-            return locked_page(waiting)
-        with context.store.reader() as session:
-            user = get_user(session, name)
-        usable = user if user is not None and user.active else None
-        # one scrypt check whoever asks (a dummy hash without a usable user): the same time
-        right = verify_password(None if usable is None else usable.password_hash, password)
-        if usable is None or not right:
-            audit(actor, "login.refused", {})
-            lockouts = throttle.failed(name, address)
+        with context.store.writer() as session:
+            lockouts = record_failure(session, name, address, limits, clock())
+            append_event(
+                session,
+                actor=actor,
+                action=action,
+                object_type="session",
+                object_id=None,
+                details={"address": address},
+            )
             for lockout in lockouts:
-                audit(
-                    actor,
-                    "login.locked",
-                    {
+                append_event(
+                    session,
+                    actor=actor,
+                    action="login.locked",
+                    object_type="session",
+                    object_id=None,
+                    details={
                         "scope": lockout.scope,
-                        "user": name[:64],
-                        "address": address,
+                        "user": lockout.user,
+                        "address": lockout.address,
                         "failures": lockout.failures,
-                        "window_minutes": throttle.limits.window_s / 60.0,
-                        "locked_minutes": lockout.seconds / 60.0,
+                        "locked_seconds": lockout.seconds,
                     },
                 )
-                logger.warning(
-                    "login locked for %.0f min after %d failed logins (%s)",
-                    lockout.seconds / 60.0,
-                    lockout.failures,
-                    lockout.scope,
-                )
-            if lockouts:
-                return locked_page(max(lockout.seconds for lockout in lockouts))
-            return RedirectResponse("/login?error=wrong", status_code=303)
-        throttle.succeeded(name)
-        token = sessions.open(usable.name, usable.role.value)
-        audit(usable.name, "login", {"role": usable.role.value})
-        response = RedirectResponse(f"{APP_PATH}/", status_code=303)
+            session.commit()
+        for lockout in lockouts:
+            logger.warning(
+                "login locked for %.0f s after %d failed logins (%s)",
+                lockout.seconds,
+                lockout.failures,
+                lockout.scope,
+            )
+        return lockouts
+
+    def live(token: str | None) -> Session | None:
+        """The session of ``token`` while its user is as at login (else it ends now)."""
+        found = sessions.get(token)
+        if found is None:
+            return None
+        with context.store.reader() as session:
+            user = get_user(session, found.user)
+            stamp = None if user is None or not user.active else credential_stamp(user)
+        if stamp != found.stamp:
+            sessions.close(token)
+            return None
+        return found
+
+    def detour(token: str | None) -> str | None:
+        found = sessions.get(token)
+        return PASSWORD_PATH if found is not None and found.must_change_password else None
+
+    def with_cookie(response: RedirectResponse, token: str) -> RedirectResponse:
         response.set_cookie(
             COOKIE,
             token,
@@ -187,7 +261,108 @@ def create_app(
         )
         return response
 
-    @app.get("/logout")
+    @app.get("/login", response_class=HTMLResponse)
+    def login_page(error: str | None = None, minutes: int = 1) -> HTMLResponse:
+        text = _MESSAGES.get(error or "", "")  # codes only: no text of the URL is shown
+        shown = html.escape(text.format(minutes=max(1, min(minutes, 10_000))))
+        message = f'<p class="error">{shown}</p>' if text else ""
+        return HTMLResponse(_LOGIN_PAGE.format(error=message))
+
+    @app.post("/login")
+    def login(request: Request, username: str = Form(""), password: str = Form("")) -> Any:
+        name = username.strip()
+        address = address_of(request)
+        with context.store.reader() as session:
+            state = login_state(session, name, address, limits, clock())
+        if state.locked_s > 0:  # not checked, not counted, not audited: the lock was, once
+            logger.info("login refused: locked for %.0f s more", state.locked_s)
+            return locked_page(state.locked_s)
+        if state.delay_s > 0:  # the name is under attack from elsewhere: slowed, not locked
+            time.sleep(state.delay_s)
+        with context.store.reader() as session:
+            user = get_user(session, name)
+        usable = user if user is not None and user.active else None
+        # one scrypt check whoever asks (a dummy hash without a usable user): the same time
+        stored = None if usable is None else usable.password_hash
+        right = verify_password(stored, password[:MAX_PASSWORD]) and len(password) <= MAX_PASSWORD
+        if usable is None or not right:
+            lockouts = failed(name, address, "login.refused")
+            if lockouts:
+                return locked_page(max(lockout.seconds for lockout in lockouts))
+            return RedirectResponse("/login?error=wrong", status_code=303)
+        with context.store.writer() as session:
+            record_success(session, name, address)
+            session.commit()
+        token = sessions.open(
+            usable.name,
+            usable.role.value,
+            stamp=credential_stamp(usable),
+            must_change_password=usable.must_change_password,
+        )
+        audit(usable.name, "login", {"role": usable.role.value, "address": address})
+        target = PASSWORD_PATH + "?error=must" if usable.must_change_password else f"{APP_PATH}/"
+        return with_cookie(RedirectResponse(target, status_code=303), token)
+
+    @app.get(PASSWORD_PATH, response_class=HTMLResponse)
+    def password_page(request: Request, error: str | None = None, minutes: int = 1) -> Any:
+        found = live(request.cookies.get(COOKIE))
+        if found is None:
+            return RedirectResponse("/login?error=ended", status_code=303)
+        text = _PASSWORD_MESSAGES.get(error or "", "")
+        if not text and error:
+            text = "The new password was refused: " + error[:200]
+        shown = html.escape(text.format(minutes=max(1, min(minutes, 10_000))))
+        back = "" if found.must_change_password else f'<p><a href="{APP_PATH}/">Back</a></p>'
+        return HTMLResponse(
+            _PASSWORD_PAGE.format(
+                user=html.escape(found.user),
+                minimum=MIN_PASSWORD,
+                error=f'<p class="error">{shown}</p>' if text else "",
+                back=back,
+            )
+        )
+
+    @app.post(PASSWORD_PATH)
+    def change_password(
+        request: Request, current: str = Form(""), new: str = Form(""), repeat: str = Form("")
+    ) -> Any:
+        from urllib.parse import quote
+
+        from db.users import change_own_password
+        from ingestion.errors import StorageError
+
+        token = request.cookies.get(COOKIE)
+        found = live(token)
+        if found is None:
+            return RedirectResponse("/login?error=ended", status_code=303)
+        address = address_of(request)
+        with context.store.reader() as session:
+            state = login_state(session, found.user, address, limits, clock())
+        if state.locked_s > 0:
+            wait = minutes(state.locked_s)
+            return RedirectResponse(f"{PASSWORD_PATH}?error=locked&minutes={wait}", status_code=303)
+        if new != repeat:
+            return RedirectResponse(f"{PASSWORD_PATH}?error=repeat", status_code=303)
+        try:
+            with context.store.writer() as session:
+                changed = change_own_password(session, found.user, current[:MAX_PASSWORD], new)
+                record_success(session, found.user, address)
+                session.commit()
+        except StorageError:  # the current password was wrong: counted like a failed login
+            failed(found.user, address, "password.refused")
+            return RedirectResponse(f"{PASSWORD_PATH}?error=current", status_code=303)
+        except ValueError as error:
+            return RedirectResponse(f"{PASSWORD_PATH}?error={quote(str(error))}", status_code=303)
+        ended = sessions.close_user(found.user)  # every session of the old password
+        logger.info("password changed: %d session(s) ended", ended)
+        fresh = sessions.open(changed.name, changed.role.value, stamp=credential_stamp(changed))
+        return with_cookie(RedirectResponse(f"{APP_PATH}/", status_code=303), fresh)
+
+    @app.get("/logout", response_class=HTMLResponse)
+    def logout_page() -> HTMLResponse:
+        return HTMLResponse(_LOGOUT_PAGE)
+
+    @app.post("/logout")
     def logout(request: Request) -> Any:
         found = sessions.get(request.cookies.get(COOKIE))
         sessions.close(request.cookies.get(COOKIE))
@@ -201,17 +376,18 @@ def create_app(
 
     @app.get("/")
     def root(request: Request) -> Any:
-        live = sessions.get(request.cookies.get(COOKIE)) is not None
-        return RedirectResponse(f"{APP_PATH}/" if live else "/login", status_code=303)
+        is_live = live(request.cookies.get(COOKIE)) is not None
+        return RedirectResponse(f"{APP_PATH}/" if is_live else "/login", status_code=303)
 
     @app.get("/healthz")
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
     def current_user(request: Request) -> str | None:
-        session = sessions.get(request.cookies.get(COOKIE))
+        session = live(request.cookies.get(COOKIE))
         return None if session is None else session.user
 
+    context.end_sessions = sessions.close_user
     folder = PrivateFolder(context.temp_dir)
     context.temp_dir = folder.prepare()
     # Gradio reads its cache folder when each component and the app are made: set it first
@@ -227,15 +403,17 @@ def create_app(
         footer_links=[],
         js=_ON_SESSION_END,
         max_file_size=context.max_upload_bytes,
-        allowed_paths=[str(Path(context.upload_dir))],
+        # nothing outside Gradio's own cache (the private temp folder): an uploaded study,
+        # kept in upload_dir, is never served back, to any role
     )
     _clean_up_while_running(mounted, folder, max_age_s)
     mounted.add_middleware(
         WebGuard,
-        is_live=lambda token: sessions.get(token) is not None,
+        is_live=lambda token: live(token) is not None,
         cookie=COOKIE,
         protected=APP_PATH,
         trusted_origins=tuple(trusted_origins),
+        detour=detour,
     )
     return mounted
 

@@ -1,9 +1,11 @@
-"""The review UI's pages (Gradio Blocks): worklist, study view, upload, audit.
+"""The review UI's pages (Gradio Blocks): worklist, study view, upload, audit, users.
 
 Every handler checks the acting user on the server (``request.username`` set by the login
 session; role from the user table), whatever the layout shows: a reviewer or admin may review,
 an auditor may not (the controls are hidden and the handler refuses), only auditors and admins
-query the audit log. Refusals and bad input reach the browser as ``gr.Error`` messages.
+query the audit log, only admins administer users (unlock, disable, enable, reset a password,
+change a role: each an audit event; the last enabled admin stays). Refusals and bad input reach
+the browser as ``gr.Error`` messages.
 """
 
 # No ``from __future__ import annotations`` here: Gradio reads the handlers' annotations to
@@ -34,6 +36,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 REVIEWERS = (Role.REVIEWER, Role.ADMIN)
 AUDITORS = (Role.AUDITOR, Role.ADMIN)
+USER_HEADERS = ["name", "role", "active", "password", "must change", "locked"]
+USER_ACTIONS = ("unlock", "disable", "enable", "reset password", "set role")
 WORKLIST_HEADERS = ["study", "patient", "date", "model", "measured", "findings", "to review"]
 TABLE_HEADERS = ["id", "finding", "kind", "measurement", "value mm", "range mm", "status", "by"]
 AUDIT_HEADERS = [
@@ -448,6 +452,76 @@ def _audit(
     return table, str(path), figure, summary
 
 
+# --- users (admins) ------------------------------------------------------------------------------
+
+
+def _user_rows(context: UiContext) -> tuple[list[list[Any]], list[str]]:
+    from sqlalchemy import select
+
+    from db.logins import login_locks
+    from db.models import User
+
+    with context.store.reader() as session:
+        users = session.execute(select(User).order_by(User.name)).scalars().all()
+        locks = login_locks(session, context.login_limits, datetime.now(UTC))
+    held: dict[str, list[str]] = {}
+    for lock in locks:
+        until = lock.until.astimezone(UTC).strftime("%H:%M:%S UTC")
+        held.setdefault(lock.user or "", []).append(f"from {lock.address} until {until}")
+    table = [
+        [
+            u.name,
+            u.role.value,
+            "yes" if u.active else "no",
+            "yes" if u.password_hash else "no",
+            "yes" if u.must_change_password else "",
+            "; ".join(held.get(u.name, [])),
+        ]
+        for u in users
+    ]
+    everyone = held.get("", [])
+    if everyone:
+        table.append(["(every name)", "", "", "", "", "; ".join(everyone)])
+    return table, [u.name for u in users]
+
+
+def _users(context: UiContext, request: gr.Request) -> Any:
+    context.user(_name(request), Role.ADMIN)
+    table, names = _user_rows(context)
+    return table, gr.update(choices=names)
+
+
+def _administer(
+    context: UiContext, action: str, name: str | None, role: str, password: str,
+    request: gr.Request,
+) -> Any:  # fmt: skip
+    from db.users import reset_password, set_active, set_role, unlock_user
+
+    admin = context.user(_name(request), Role.ADMIN)
+    if not name:
+        raise gr.Error("choose a user first")
+    with context.store.writer() as session:
+        if action == "unlock":
+            count = unlock_user(session, name, actor=admin.name)
+            said = f"Unlocked {name}: {count} failed login(s) forgotten."
+        elif action in ("disable", "enable"):
+            set_active(session, name, action == "enable", actor=admin.name)
+            said = f"{action.capitalize()}d {name}."
+        elif action == "reset password":
+            reset_password(session, name, password, actor=admin.name)
+            said = f"Password of {name} set: they must change it at the next login."
+        elif action == "set role":
+            set_role(session, name, role, actor=admin.name)
+            said = f"{name} is now {role}."
+        else:
+            raise gr.Error(f"unknown action {action!r}")
+        session.commit()
+    if action != "unlock" and action != "enable":
+        context.end_sessions(name)  # here at once; other servers at the user's next request
+    table, names = _user_rows(context)
+    return table, gr.update(choices=names, value=name), markdown_text(said), ""
+
+
 # --- layout --------------------------------------------------------------------------------------
 
 
@@ -460,7 +534,18 @@ def _roles(context: UiContext, request: gr.Request) -> Any:
         gr.update(visible=reviewer),
         gr.update(visible=reviewer),
         gr.update(visible=auditor),
+        gr.update(visible=user.role is Role.ADMIN),
     )
+
+
+# Log out is a POST (a link elsewhere cannot log anyone out): a form the button submits
+_LOG_OUT = """() => {
+    const form = document.createElement("form");
+    form.method = "post";
+    form.action = "/logout";
+    document.body.appendChild(form);
+    form.submit();
+}"""
 
 
 def build_blocks(context: UiContext) -> gr.Blocks:
@@ -469,9 +554,9 @@ def build_blocks(context: UiContext) -> gr.Blocks:
         gr.Markdown(DEMO_BANNER)
         with gr.Row(equal_height=True):
             who = gr.Markdown()
-            # a link in this tab (Markdown links open a new one): the server ends the session
-            # for every tab, whose next action then says so
-            gr.Button("Log out", link="/logout", size="sm", scale=0, elem_id="logout")
+            gr.Button("Change password", link="/password", size="sm", scale=0, elem_id="password")
+            # the server ends the session for every tab, whose next action then says so
+            log_out = gr.Button("Log out", size="sm", scale=0, elem_id="logout")
         study_state = gr.State(None)
         with gr.Tabs() as tabs:
             with gr.Tab("Worklist", id="worklist"):
@@ -544,6 +629,26 @@ def build_blocks(context: UiContext) -> gr.Blocks:
                     audit_csv = gr.DownloadButton("Download CSV")
                     agreement = gr.Markdown()
                 audit_plot = gr.Plot(label="model vs reviewer (Bland-Altman)")
+            with gr.Tab("Users", visible=False) as users_tab:
+                users_table = gr.Dataframe(headers=USER_HEADERS, interactive=False, wrap=True)
+                with gr.Row():
+                    # any name may be sent: the handler checks the admin and the user
+                    u_name = gr.Dropdown(
+                        label="user", choices=[], scale=2, allow_custom_value=True
+                    )
+                    u_action = gr.Radio(list(USER_ACTIONS), value="unlock", label="action")
+                with gr.Row():
+                    u_role = gr.Dropdown(
+                        [r.value for r in Role], value=Role.REVIEWER.value, label="new role"
+                    )
+                    u_password = gr.Textbox(
+                        label="new password (the user must change it at the next login)",
+                        type="password",
+                    )
+                with gr.Row():
+                    u_apply = gr.Button("Apply", variant="primary")
+                    u_refresh = gr.Button("Refresh")
+                u_status = gr.Markdown(elem_id="users-status")
 
         view = [slice_slider, preset, level, width, zoom]
 
@@ -602,8 +707,29 @@ def build_blocks(context: UiContext) -> gr.Blocks:
         ) -> Any:  # fmt: skip
             return _audit(context, patient, study, since, until, version, status, reviewer, request)
 
+        @_errors_to_gradio
+        def users(request: gr.Request) -> Any:
+            return _users(context, request)
+
+        @_errors_to_gradio
+        def administer(
+            action_: str, name_: str | None, role_: str, password_: str, request: gr.Request
+        ) -> Any:
+            return _administer(context, action_, name_, role_, password_, request)
+
         blocks.load(
-            roles, outputs=[who, review_box, upload_tab, audit_tab], api_visibility="private"
+            roles,
+            outputs=[who, review_box, upload_tab, audit_tab, users_tab],
+            api_visibility="private",
+        )
+        log_out.click(None, js=_LOG_OUT)
+        u_refresh.click(users, outputs=[users_table, u_name], api_name="users")
+        users_tab.select(users, outputs=[users_table, u_name], api_visibility="private")
+        u_apply.click(
+            administer,
+            inputs=[u_action, u_name, u_role, u_password],
+            outputs=[users_table, u_name, u_status, u_password],
+            api_name="administer",
         )
         blocks.load(
             worklist_rows,

@@ -310,7 +310,7 @@ def test_logging_out_ends_the_session_in_every_tab(server: Running, browser: obj
     other = tabs.new_page()  # a second tab of the same browser: the same session cookie
     other.goto(f"{server.url}/app/")
     other.get_by_text("Logged in as").wait_for(timeout=30000)
-    other.get_by_role("link", name="Log out").click()
+    other.get_by_role("button", name="Log out").click()
     other.wait_for_url("**/login")
     assert len(tabs.pages) == 2  # logging out opened no new tab
     # the first tab's next action is refused, and the tab says why, on the login page

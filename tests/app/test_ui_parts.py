@@ -65,7 +65,10 @@ def test_login_sets_a_server_side_session_and_logout_ends_it(client: TestClient)
     assert "alice" not in cookie  # the cookie is a random token, nothing about the user
     assert client.get("/app/").status_code == 200
     assert client.get("/app/gradio_api/info").status_code == 200
-    client.get("/logout")
+    # a GET (a link or an image on another page) does not log out: it shows a button
+    assert "<form method=\"post\" action=\"/logout\">" in client.get("/logout").text
+    assert client.get("/app/").status_code == 200
+    client.post("/logout")
     assert client.get("/app/").status_code == 401
     store = client.app.state.store  # type: ignore[attr-defined]
     with store.reader() as session:

@@ -127,7 +127,7 @@ def test_every_gradio_route_answers_401_without_a_session(served: tuple[str, Fas
     with httpx.Client(base_url=base, timeout=10) as client:
         client.post("/login", data={"username": "alice", "password": PASSWORD})
         ended = client.cookies[COOKIE]
-        client.get("/logout")
+        client.post("/logout")
     for cookies in ({}, {COOKIE: ended}, {COOKIE: "forged"}):
         with httpx.Client(base_url=base, timeout=10, cookies=cookies) as client:
             answers = {
@@ -159,7 +159,7 @@ def client(site: Site, tmp_path: Path) -> Iterator[TestClient]:
 def test_no_response_may_be_framed(client: TestClient) -> None:
     answers = [client.get("/login"), client.get("/healthz"), client.get("/app/")]
     _log_in(client)
-    answers += [client.get("/app/"), client.get("/app/gradio_api/info"), client.get("/logout")]
+    answers += [client.get("/app/"), client.get("/app/gradio_api/info"), client.post("/logout")]
     for answer in answers:
         for name, value in FRAMING.items():
             assert answer.headers.get(name) == value, (answer.url, name)
@@ -268,13 +268,13 @@ def test_temporary_files_are_private_and_removed(
         image = next(o for o in opened if isinstance(o, dict) and "url" in o)
         slice_png, slice_cache = _fetch(client, image)
         assert slice_png.startswith(b"\x89PNG")  # a rendered slice
-        client.get("/logout")
+        client.post("/logout")
         _log_in(client, "ida")
         audited = _call(client, "audit", ["", "", "", "", "", "all", ""])
         export = next(o for o in audited if isinstance(o, dict) and "url" in o)
         csv_file, csv_cache = _fetch(client, export)
         assert b"study_instance_uid" in csv_file  # the audit CSV
-        client.get("/logout")
+        client.post("/logout")
         assert not [p for p in system_temp.rglob("*") if _readable_by_others(p, system_temp)]
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
         assert not (private / "left-by-a-killed-server.png").exists()

@@ -14,6 +14,7 @@ TABLES = {
     "audit_events",
     "audit_head",
     "findings",
+    "login_failures",
     "measurements",
     "reviews",
     "runs",
