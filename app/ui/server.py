@@ -160,6 +160,12 @@ def create_app(
     ``Host``); ``trusted_proxies``: peers whose ``X-Forwarded-For`` names the client;
     ``clock``: the time failed logins are counted by (tests).
     """
+    folder = PrivateFolder(context.temp_dir)
+    context.temp_dir = folder.prepare()
+    # Gradio reads its cache folder when each component and the app are made, and some of
+    # its modules when they are imported (an empty vibe_edit_history folder, made 0755 in the
+    # system's temporary folder otherwise): set it first
+    os.environ["GRADIO_TEMP_DIR"] = str(context.temp_dir)
     import gradio as gr
 
     from app.ui.views import build_blocks
@@ -388,10 +394,6 @@ def create_app(
         return None if session is None else session.user
 
     context.end_sessions = sessions.close_user
-    folder = PrivateFolder(context.temp_dir)
-    context.temp_dir = folder.prepare()
-    # Gradio reads its cache folder when each component and the app are made: set it first
-    os.environ["GRADIO_TEMP_DIR"] = str(context.temp_dir)
     blocks = build_blocks(context)
     max_age_s = int(max(sessions.lifetime_s, SWEEP_EVERY_S))
     blocks.delete_cache = (int(SWEEP_EVERY_S), max_age_s)  # Gradio forgets the files it made
