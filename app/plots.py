@@ -137,6 +137,10 @@ def coverage_vs_nominal(
     return _save(figure, path)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def agreement_figure(
     rows: Sequence[Mapping[str, Any]], limits: CorrectionLimits | None = None
 ) -> tuple[Any, str]:
@@ -159,18 +163,19 @@ def agreement_figure(
         if model is None:
             continue
         if row.get("status") == "corrected" and row.get("reviewed_value_mm") is not None:
-            reviewer = float(row["reviewed_value_mm"])
+            reviewer = row["reviewed_value_mm"]
         elif row.get("status") == "accepted":
-            reviewer = float(model)
+            reviewer = model
         else:
             continue
         name = str(row.get("name"))
-        if any(limits.problem(name, v) for v in (float(model), reviewer)):
+        # a value that is no number (text written into the column by hand) is implausible too
+        if any(limits.problem(name, v) for v in (model, reviewer)):
             implausible.append(row.get("measurement_id"))
             continue
-        pairs.append((float(model), reviewer))
+        pairs.append((float(model), float(reviewer)))
         span = row.get("range_mm")
-        if span is not None and span[0] <= reviewer <= span[1]:
+        if span is not None and all(map(_number, span)) and span[0] <= reviewer <= span[1]:
             inside += 1
     figure, axis = plt.subplots(figsize=(6, 4))
     if pairs:

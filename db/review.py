@@ -8,10 +8,11 @@ and audit event, and the second is refused whole.
 
 Only reviewers and admins may review; an auditor (or an inactive user) gets ``AccessDeniedError``.
 
-Plausible corrections: a corrected value must be a finite number of mm, > 0 and at most the limit
-of its measurement (:class:`CorrectionLimits`: long and short axis 500 mm, diameter 100 mm by
-default, ``RADCALIPER_MAX_LONG_AXIS_MM`` and friends in the settings). Anything else (1e308, 0,
--1, NaN) is refused with one message naming the value and the limit, before anything is written.
+Plausible corrections: a corrected value must be a finite number of mm, at least :data:`MIN_MM`
+(0.1) and at most the limit of its measurement (:class:`CorrectionLimits`: long and short axis
+500 mm, diameter 100 mm by default, ``RADCALIPER_MAX_LONG_AXIS_MM`` and friends in the
+settings). Anything else (1e308, 1e-320, 0, -1, NaN) is refused with one message naming the
+value and the limit, before anything is written.
 The same rule tells the exports and plots which stored values (from a database written before
 the rule, or edited by hand) are implausible (:meth:`CorrectionLimits.problem`).
 """
@@ -42,6 +43,9 @@ _NAMES = tuple(name.value for name in MeasurementName)
 #: no limit may exceed this (10 m, beyond any body): plausible values stay small enough for
 #: any statistic of them (the audit tab's agreement figure) to be computed and drawn
 MAX_LIMIT_MM = 10_000.0
+#: the least plausible value of any measurement: a tenth of a mm, the grid of the model's
+#: numbers and well below a CT pixel; a smaller one is a slip (1e-320 showed as 0.0)
+MIN_MM = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,12 @@ class CorrectionLimits:
         if isinstance(value_mm, bool) or not isinstance(value_mm, int | float):
             return f"the {label} needs a number of mm, got {value_mm!r}"
         limit = self.limit(name)
-        if math.isfinite(value_mm) and 0 < value_mm <= limit:
+        if math.isfinite(value_mm) and MIN_MM <= value_mm <= limit:
             return None
         return (
             f"{value_mm:g} mm is not a plausible {label} (a {label} must be a finite number of "
-            f"mm > 0 and at most {limit:g} mm, the limit set by RADCALIPER_MAX_{name.upper()}_MM)"
+            f"mm of at least {MIN_MM:g} and at most {limit:g} mm, the limit set by "
+            f"RADCALIPER_MAX_{name.upper()}_MM)"
         )
 
 

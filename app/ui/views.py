@@ -120,14 +120,21 @@ def _study_state(context: UiContext, study_uid: str) -> dict[str, Any]:
     return study
 
 
-def _mm(value: float | None) -> str:
+def _mm(value: Any) -> str:
     """A stored value for the tables, with one decimal. Any value shows, even one the checks
-    would refuse today (1e308, inf, NaN from an old or edited database): never a failed query."""
+    would refuse today (1e308, inf, NaN from an old or edited database), and a value that is no
+    number at all (text written into the column by hand) as invalid: never a failed query."""
     if value is None:
         return ""
+    if not _is_number(value):
+        return f"invalid ({str(value)[:24]!r})"
     if not math.isfinite(value):
         return str(exportable(value))
     return f"{value:.1f}" if abs(value) < 1e6 else f"{value:g}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _span(range_mm: Any) -> str:
@@ -158,6 +165,16 @@ def _table(study: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def _valid_axes(axes: Any) -> bool:
+    """Stored axes as the overlay draws them: lists of points of three numbers."""
+    sequence = (list, tuple)
+    return isinstance(axes, sequence) and all(
+        isinstance(line, sequence)
+        and all(isinstance(p, sequence) and len(p) == 3 and all(map(_is_number, p)) for p in line)
+        for line in axes
+    )
+
+
 def _overlays(study: dict[str, Any], selected: int | None) -> list[Overlay]:
     out = []
     for finding in study["findings"]:
@@ -165,13 +182,21 @@ def _overlays(study: dict[str, Any], selected: int | None) -> list[Overlay]:
         diameter = next(
             (m["value_mm"] for m in finding["measurements"] if m["name"] == "diameter"), None
         )
+        if diameter is not None and not _is_number(diameter):
+            diameter = None  # an invalid stored value draws no circle (the table says invalid)
+        center, axes = finding["center_lps_mm"], finding["axes_lps_mm"]
+        if not all(_is_number(c) for c in center) or not isinstance(finding["slice_index"], int):
+            logger.warning("finding %s: its stored position is not numbers: not drawn", ids)
+            continue  # geometry is never guessed: a finding without a valid place is not drawn
+        if axes is not None and not _valid_axes(axes):
+            axes = None
         out.append(
             Overlay(
                 number=finding["number"],
                 kind=finding["kind"],
                 slice_index=finding["slice_index"],
-                center_lps_mm=tuple(finding["center_lps_mm"]),
-                axes_lps_mm=finding["axes_lps_mm"],
+                center_lps_mm=tuple(center),
+                axes_lps_mm=axes,
                 diameter_mm=diameter,
                 selected=selected in ids,
             )
@@ -633,9 +658,7 @@ def build_blocks(context: UiContext) -> gr.Blocks:
                 users_table = gr.Dataframe(headers=USER_HEADERS, interactive=False, wrap=True)
                 with gr.Row():
                     # any name may be sent: the handler checks the admin and the user
-                    u_name = gr.Dropdown(
-                        label="user", choices=[], scale=2, allow_custom_value=True
-                    )
+                    u_name = gr.Dropdown(label="user", choices=[], scale=2, allow_custom_value=True)
                     u_action = gr.Radio(list(USER_ACTIONS), value="unlock", label="action")
                 with gr.Row():
                     u_role = gr.Dropdown(

@@ -156,15 +156,15 @@ def test_absurd_values_are_skipped_with_their_reason(
     assert (finding.long_axis_mm, finding.short_axis_mm) == (LONG_MM, SHORT_MM + 0.4)
     skipped = _skipped(out)
     assert set(skipped) == {"huge.dcm", "tiny.dcm", "contradicts.dcm"}
-    assert skipped["huge.dcm"] == (
-        "1e+308 mm is not a plausible long axis (a long axis must be a finite number of mm > 0 "
-        "and at most 500 mm, the limit set by RADCALIPER_MAX_LONG_AXIS_MM)"
-    )
-    for name, value in (("tiny.dcm", "1e-300"), ("contradicts.dcm", "60")):
+    for name, value in (("huge.dcm", "1e+308"), ("tiny.dcm", "1e-300")):
         assert skipped[name] == (
-            f"the long axis is {value} mm but its end points are 52.6 mm apart: the value "
-            f"contradicts its own coordinates by more than a pixel ({PIXEL_MM:g} mm)"
+            f"{value} mm is not a plausible long axis (a long axis must be a finite number of mm "
+            "of at least 0.1 and at most 500 mm, the limit set by RADCALIPER_MAX_LONG_AXIS_MM)"
         ), skipped[name]
+    assert skipped["contradicts.dcm"] == (
+        "the long axis is 60 mm but its end points are 52.6 mm apart: the value "
+        f"contradicts its own coordinates by more than a pixel ({PIXEL_MM:g} mm)"
+    )
     for name in skipped:  # one line each on stderr too: file, item and reason
         assert name in done.stderr
     assert "Imported 1 series, 1 lesion (finding)" in done.stdout

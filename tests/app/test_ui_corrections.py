@@ -27,7 +27,8 @@ __all__ = ["browser", "server"]  # fixtures, used by name
 # what is typed -> the one message it gets (the long axis is corrected)
 REFUSED = [
     ("1e308", "1e+308 mm is not a plausible long axis (a long axis must be a finite number of "
-              "mm > 0 and at most 500 mm"),
+              "mm of at least 0.1 and at most 500 mm"),
+    ("1e-320", "9.99989e-321 mm is not a plausible long axis"),
     ("0", "0 mm is not a plausible long axis"),
     ("-1", "-1 mm is not a plausible long axis"),
     ("NaN", "nan mm is not a plausible long axis"),

@@ -199,6 +199,8 @@ def _counts(store: Store) -> tuple[int, int]:
     [
         ("long_axis", 1e308, "1e+308 mm", "500 mm"),
         ("long_axis", 0.0, "0 mm", "500 mm"),
+        ("long_axis", 1e-320, "9.99989e-321 mm", "500 mm"),  # a denormal: it showed as 0.0
+        ("short_axis", 0.09, "0.09 mm", "500 mm"),
         ("short_axis", -1.0, "-1 mm", "500 mm"),
         ("short_axis", math.nan, "nan mm", "500 mm"),
         ("long_axis", math.inf, "inf mm", "500 mm"),
