@@ -504,7 +504,7 @@ class _ToMeasure:
 
     outline: LoadOutline
     measure: tuple[int, ...]  # positions in outline.series
-    kept: tuple[tuple[str, str, int], ...]  # (series, fingerprint, run id) stored before
+    kept: tuple[tuple[str, str, int], ...]  # (series key, fingerprint, run id) stored before
 
 
 class _Runner:
@@ -593,40 +593,43 @@ class _Runner:
             return None
         entry = self.state.done(uid, self.model_key)
         if entry is not None and entry.signature == planned.signature:
-            run_ids = self._stored_runs(entry.series)
-            if run_ids is not None:
-                used = tuple(s for s, _ in entry.series)
+            runs = self._stored_runs(entry.series)
+            if runs is not None:
+                used = tuple(series_uid for _, series_uid in runs)
                 self._note_not_chosen(planned, used, used)
                 record = StudyRecord(
                     uid,
                     Outcome.ALREADY_STORED,
                     tuple(s for s, _ in entry.series),
-                    run_ids,
+                    tuple(run_id for run_id, _ in runs),
                 )
                 self._done(planned, record)
                 return None
         return planned
 
-    def _stored_runs(self, series: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
-        """The stored runs of these (series, fingerprint) pairs by this model; None if one is
-        missing."""
+    def _stored_runs(
+        self, series: tuple[tuple[str, str], ...]
+    ) -> tuple[tuple[int, str], ...] | None:
+        """The stored runs of these (series key, fingerprint) pairs by this model, as (run id,
+        DICOM series UID); None if one is missing. A series key is ``Identifiers.series_key``:
+        the UID, or a stack's key where the series holds several."""
         from sqlalchemy.exc import SQLAlchemyError
 
-        from db.store import find_run
+        from db.store import dicom_series_uid, find_run
 
         info = self.measurer.info
-        ids = []
+        found = []
         try:
             with self.store.reader() as session:
-                for uid, fingerprint in series:
+                for key, fingerprint in series:
                     identity = run_identity(self.measurer, fingerprint)
-                    run = find_run(session, uid, info.name, info.version, identity)
+                    run = find_run(session, key, info.name, info.version, identity)
                     if run is None:
                         return None
-                    ids.append(run.id)
+                    found.append((run.id, dicom_series_uid(run.series)))
         except (SQLAlchemyError, StorageError) as exc:
             raise _DatabaseFailed(database_reason(exc)) from exc
-        return tuple(ids)
+        return tuple(found)
 
     def _note_not_chosen(
         self, planned: _Planned, used: tuple[str, ...], tried: tuple[str, ...]
@@ -666,14 +669,16 @@ class _Runner:
             self._failed(planned, f"no series could be loaded: {reasons}")
             return None
         self._note_not_chosen(planned, tuple(uid for uid, _ in load.series), load.tried)
-        kept: list[tuple[str, str, int]] = []  # (series, fingerprint, run id) already stored
+        kept: list[tuple[str, str, int]] = []  # (series key, fingerprint, run id) stored before
         to_measure: list[int] = []
-        for position, (uid, fingerprint) in enumerate(load.series):
-            found = self._stored_runs(((uid, fingerprint),))
+        for position, ((_, fingerprint), key) in enumerate(
+            zip(load.series, load.keys, strict=True)
+        ):
+            found = self._stored_runs(((key, fingerprint),))
             if found is None:
                 to_measure.append(position)
             else:
-                kept.append((uid, fingerprint, found[0]))
+                kept.append((key, fingerprint, found[0][0]))
         work = _ToMeasure(load, tuple(to_measure), tuple(kept))
         if not to_measure:
             self._measured(planned, work, StudyStored((), ()))

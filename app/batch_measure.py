@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 class SeriesStored:
     """One series measured and stored: its run (``created`` False: it was stored before)."""
 
-    series_instance_uid: str
+    series_instance_uid: str  # its store key: the UID, or a stack's (Identifiers.series_key)
     fingerprint: str
     run_id: int
     created: bool
@@ -178,12 +178,12 @@ def measure_and_store_study(
         return StudyStored((), tuple(failures), database_reason(exc))
     stored = tuple(
         SeriesStored(
-            result.series_instance_uid,
+            volume.identifiers.series_key,  # what the store finds the run by
             fingerprint,
             outcome.run_id,
             outcome.created,
             len(result.findings),
         )
-        for (result, _, fingerprint), outcome in zip(measured, outcomes, strict=True)
+        for (result, volume, fingerprint), outcome in zip(measured, outcomes, strict=True)
     )
     return StudyStored(stored, tuple(failures))

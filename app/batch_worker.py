@@ -58,14 +58,16 @@ class LoadedSeries:
 @dataclass(frozen=True)
 class LoadOutline:
     """What the batch decides from when a study is loaded: the loaded series as ``(series
-    uid, input fingerprint)``, in the order of :attr:`StudyLoad.loaded`, and the notes. No
-    pixels: on a cluster the volumes stay with the workers."""
+    uid, input fingerprint)``, in the order of :attr:`StudyLoad.loaded`, their store keys
+    (``Identifiers.series_key``: the UID, or a stack's key where the series holds several), and
+    the notes. No pixels: on a cluster the volumes stay with the workers."""
 
     study_instance_uid: str
     series: tuple[tuple[str, str], ...]
     notes: tuple[Note, ...]
     tried: tuple[str, ...]  # series UIDs tried, in order
     seconds: float
+    keys: tuple[str, ...]  # the store key of each of ``series``
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,10 @@ class StudyLoad:
         series = tuple(
             (s.volume.identifiers.series_instance_uid, s.fingerprint) for s in self.loaded
         )
-        return LoadOutline(self.study_instance_uid, series, self.notes, self.tried, self.seconds)
+        keys = tuple(s.volume.identifiers.series_key for s in self.loaded)
+        return LoadOutline(
+            self.study_instance_uid, series, self.notes, self.tried, self.seconds, keys
+        )
 
 
 def _load_series(uid: str, paths: tuple[Path, ...], notes: list[Note]) -> LoadedSeries | None:

@@ -34,6 +34,10 @@ What goes in, and the choices made (README "DICOM SR"):
   (CT / MR, enhanced when the image is a frame of a multi-frame object). The evidence
   (Current Requested Procedure Evidence) lists every slice of the measured series: the model
   read them all. Finding sites are not stored and not invented.
+- **Split series**: where one SeriesInstanceUID holds several stacks (axial and coronal
+  reconstructions, ...), each stack is its own stored series (``db.store``), so the run's SR
+  references that stack's images and maps its axes with that stack's geometry; the evidence
+  names the DICOM SeriesInstanceUID, not the store's key of the stack.
 - **Character set**: Specific Character Set is ISO_IR 192 (UTF-8) when any text of the document
   (patient id or name, reviewers, organization, model) is not ASCII, so ``PAT-Ünïcödé-日本`` is
   written as it is stored; otherwise it is left out (the default repertoire).
@@ -158,6 +162,8 @@ def _evidence(study: Study, series: Series) -> list[Dataset]:
     """Stand-ins for the measured series' images: what the store keeps of them."""
     from pydicom import Dataset
 
+    from db.store import dicom_series_uid
+
     uids = series.sop_instance_uids.get("uids", [])
     frames = series.sop_instance_uids.get("frames", [])
     out: dict[str, Dataset] = {}
@@ -175,7 +181,7 @@ def _evidence(study: Study, series: Series) -> list[Dataset]:
         ds.StudyID = ""
         ds.AccessionNumber = ""
         ds.ReferringPhysicianName = ""
-        ds.SeriesInstanceUID = series.series_instance_uid
+        ds.SeriesInstanceUID = dicom_series_uid(series)  # not a split series' stack key
         ds.SOPClassUID = _sop_class(series, frame)
         ds.SOPInstanceUID = uid
         out[uid] = ds

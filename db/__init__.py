@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from db.store import (
         RunIdentity,
         StoreOutcome,
+        dicom_series_uid,
         find_run,
         input_fingerprint,
         pseudonym,
@@ -152,6 +153,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "db.store": (
         "RunIdentity",
         "StoreOutcome",
+        "dicom_series_uid",
         "find_run",
         "input_fingerprint",
         "pseudonym",
@@ -205,6 +207,7 @@ __all__ = [
     "canonical_time",
     "connect",
     "current",
+    "dicom_series_uid",
     "downgrade",
     "event_hash",
     "find_run",

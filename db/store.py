@@ -5,6 +5,14 @@ Idempotent: a run is identified by (series, model name, model version, checkpoin
 fingerprint); storing the same again returns the stored run and adds nothing. A new model
 version (or checkpoint, or changed input) adds a new run and keeps the old ones.
 
+A series row is one stack of images: one geometry, one list of SOP instances. It is keyed by the
+volume's ``Identifiers.series_key`` (in the ``series_instance_uid`` column): the
+SeriesInstanceUID, or, where one SeriesInstanceUID holds several stacks (axial and coronal
+reconstructions, ...), a key per stack made of the UID and a digest of its images
+(``ingestion.volume.stack_key``); such a row also records the DICOM SeriesInstanceUID in its
+``sop_instance_uids`` (``"series_instance_uid"``), which the SR references. Rows stored before
+(a split series' stacks under one UID row) are left as they are.
+
 Patient identifiers are stored as given, or as a keyed pseudonym (:func:`pseudonym`) when the
 site sets a secret (``RADCALIPER_PSEUDONYM_KEY``).
 """
@@ -41,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RunIdentity",
     "StoreOutcome",
+    "dicom_series_uid",
     "find_run",
     "input_fingerprint",
     "pseudonym",
@@ -80,14 +89,23 @@ class StoreOutcome:
     created: bool  # False: this run was already stored; nothing was added
 
 
+def dicom_series_uid(series: Series) -> str:
+    """The DICOM SeriesInstanceUID of a stored series (module doc: a stack's row keys it
+    otherwise)."""
+    recorded = series.sop_instance_uids.get("series_instance_uid")
+    return recorded if isinstance(recorded, str) and recorded else series.series_instance_uid
+
+
 def find_run(
-    session: Session, series_uid: str, name: str, version: str, identity: RunIdentity
+    session: Session, series_key: str, name: str, version: str, identity: RunIdentity
 ) -> Run | None:
+    """The stored run with this identity in the series row keyed ``series_key`` (a volume's
+    ``Identifiers.series_key``: module doc), or None."""
     return session.execute(
         select(Run)
         .join(Series)
         .where(
-            Series.series_instance_uid == series_uid,
+            Series.series_instance_uid == series_key,
             Run.model_name == name,
             Run.model_version == version,
             Run.checkpoint_hash == identity.checkpoint_hash,
@@ -118,18 +136,26 @@ def _study(
 
 
 def _series(session: Session, study: Study, volume: Volume) -> tuple[Series, bool]:
-    """The series row, and whether it was added now."""
-    uid = volume.identifiers.series_instance_uid
+    """The series row of ``volume``'s stack (keyed by its ``series_key``), and whether it was
+    added now."""
+    ids = volume.identifiers
+    key = ids.series_key
     series = session.execute(
-        select(Series).where(Series.series_instance_uid == uid)
+        select(Series).where(Series.series_instance_uid == key)
     ).scalar_one_or_none()
     if series is not None:
         return series, False
     geometry = volume.geometry
     slices, rows, columns = volume.shape
+    images: dict[str, Any] = {
+        "uids": list(ids.sop_instance_uids),
+        "frames": list(ids.frame_numbers),
+    }
+    if key != ids.series_instance_uid:  # a stack of a split series: the UID it carries
+        images["series_instance_uid"] = ids.series_instance_uid
     series = Series(
         study_id=study.id,
-        series_instance_uid=uid,
+        series_instance_uid=key,
         modality=None if volume.modality is None else str(volume.modality),
         description=volume.identifiers.series_description[:256],
         source_format=str(volume.source_format),
@@ -139,10 +165,7 @@ def _series(session: Session, study: Study, volume: Volume) -> tuple[Series, boo
             "row": geometry.row_spacing,
             "column": geometry.column_spacing,
         },
-        sop_instance_uids={
-            "uids": list(volume.identifiers.sop_instance_uids),
-            "frames": list(volume.identifiers.frame_numbers),
-        },
+        sop_instance_uids=images,
         geometry={
             "origin": list(geometry.origin),
             "row_direction": list(geometry.row_direction),
@@ -173,14 +196,15 @@ def store_result(
     unique constraint lets one win; the other finds it and adds nothing.
     """
     model = result.model
-    existing = find_run(session, result.series_instance_uid, model.name, model.version, identity)
+    key = volume.identifiers.series_key
+    existing = find_run(session, key, model.name, model.version, identity)
     if existing is not None:
         return StoreOutcome(existing.id, False)
     try:
         with session.begin_nested():
             run = _insert(session, result, volume, identity, actor, started_at, pseudonym_key)
     except IntegrityError:
-        again = find_run(session, result.series_instance_uid, model.name, model.version, identity)
+        again = find_run(session, key, model.name, model.version, identity)
         if again is None:
             raise
         return StoreOutcome(again.id, False)

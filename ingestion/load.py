@@ -44,6 +44,7 @@ def load_series(ref: SeriesRef) -> Volume:
             study_date=info.study_date,
             series_number=info.series_number,
             series_description=info.series_description,
+            stack=ref.part,
         ),
         modality=info.modality,
         source_format=SourceFormat.DICOM,

@@ -38,6 +38,7 @@ import numpy as np
 from ingestion.dicom_header import SeriesInfo, SliceRef
 from ingestion.errors import InconsistentGeometryError, MissingGeometryError
 from ingestion.geometry import Geometry
+from ingestion.volume import stack_key
 
 __all__ = [
     "GAP_TOLERANCE_FRACTION",
@@ -71,6 +72,19 @@ class SeriesRef:
     def label(self) -> str:
         uid = self.info.series_instance_uid
         return uid if self.part is None else f"{uid} (part {self.part})"
+
+    @property
+    def series_key(self) -> str:
+        """The key of the volume it loads (``Identifiers.series_key``): the UID, or for a part
+        of a split series its :func:`~ingestion.volume.stack_key`."""
+        uid = self.info.series_instance_uid
+        if self.part is None:
+            return uid
+        return stack_key(
+            uid,
+            [s.sop_instance_uid for s in self.slices],
+            [None if s.frame is None else s.frame + 1 for s in self.slices],
+        )
 
 
 def _where(ref: SliceRef) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +13,11 @@ import numpy.typing as npt
 
 from ingestion.geometry import Geometry
 
-__all__ = ["Identifiers", "Modality", "SourceFormat", "Volume"]
+__all__ = ["SERIES_KEY_LENGTH", "Identifiers", "Modality", "SourceFormat", "Volume", "stack_key"]
+
+#: the longest series key: a DICOM UID's length (64), the store's column
+SERIES_KEY_LENGTH = 64
+_STACK_DIGEST_HEX = 12  # 48 bits: two stacks of one series never share a key in practice
 
 
 class Modality(enum.StrEnum):
@@ -30,6 +36,31 @@ class SourceFormat(enum.StrEnum):
     SYNTHETIC = "synthetic"  # built in memory (a phantom), not read from a file
 
 
+def stack_key(
+    series_instance_uid: str,
+    sop_instance_uids: Sequence[str | None],
+    frame_numbers: Sequence[int | None],
+) -> str:
+    """The key of one stack of a series that holds several (``ingestion.scan``): the UID, ``#``
+    and 12 hex digits of the sha256 of the UID and the stack's images (SOP instance and frame,
+    in slice order), at most :data:`SERIES_KEY_LENGTH` characters: a UID too long for both
+    keeps its beginning (the digest covers all of it). A key made of the images, not of the
+    order the scan met the stacks in, names the same stack whenever it is loaded; ``#`` is no
+    UID character, so no key is a series' own UID."""
+    text = "\x1f".join(
+        [
+            series_instance_uid,
+            *(
+                f"{sop}:{frame}"
+                for sop, frame in zip(sop_instance_uids, frame_numbers, strict=True)
+            ),
+        ]
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()[:_STACK_DIGEST_HEX]
+    head = series_instance_uid[: SERIES_KEY_LENGTH - _STACK_DIGEST_HEX - 1]
+    return f"{head}#{digest}"
+
+
 @dataclass(frozen=True)
 class Identifiers:
     """Identifiers that let a result point back to the study, series and image it came from.
@@ -37,7 +68,10 @@ class Identifiers:
     ``sop_instance_uids`` and ``frame_numbers`` have one entry per slice, in slice order. A frame
     number is the 1-based DICOM frame within a multi-frame object, ``None`` for single-frame images.
     For NIfTI and NRRD, which carry no UIDs, study and series UIDs are derived from the file's
-    content (``uids_derived`` is True) and per-slice UIDs are ``None``.
+    content (``uids_derived`` is True) and per-slice UIDs are ``None``. ``stack`` is the part
+    number when the series holds several stacks (e.g. axial and coronal reconstructions under
+    one SeriesInstanceUID: ``ingestion.scan`` splits it) and this volume is one of them; None
+    for a series that is one stack. :attr:`series_key` tells the stacks apart.
     """
 
     study_instance_uid: str
@@ -50,6 +84,7 @@ class Identifiers:
     series_number: int | None = None
     series_description: str = ""
     uids_derived: bool = False
+    stack: int | None = None  # the part number of a series split into stacks (class doc)
 
     def __post_init__(self) -> None:
         if not self.study_instance_uid or not self.series_instance_uid:
@@ -59,6 +94,16 @@ class Identifiers:
                 f"sop_instance_uids ({len(self.sop_instance_uids)}) and frame_numbers "
                 f"({len(self.frame_numbers)}) must have one entry per slice"
             )
+        if self.stack is not None and (isinstance(self.stack, bool) or self.stack < 1):
+            raise ValueError(f"stack must be a part number >= 1 or None, got {self.stack!r}")
+
+    @property
+    def series_key(self) -> str:
+        """What tells this series from every other one (the store keys a series by it): the
+        SeriesInstanceUID for a series that is one stack, else :func:`stack_key`."""
+        if self.stack is None:
+            return self.series_instance_uid
+        return stack_key(self.series_instance_uid, self.sop_instance_uids, self.frame_numbers)
 
 
 @dataclass(frozen=True, eq=False)

@@ -173,14 +173,20 @@ def load_dataset_volume(dataset: Dataset, series_instance_uid: str) -> Volume:
         )
     modality = Modality(study.image.modality) if study.image.modality in ("CT", "MR") else None
     scanned = scan_path(path)  # headers only: of a folder of several series, load the one
-    scanned = replace(
-        scanned,
-        series=[s for s in scanned.series if s.info.series_instance_uid == series_instance_uid],
-    )
+    # a row from the store names a stack of a split series by its key (Identifiers.series_key)
+    chosen = [s for s in scanned.series if s.series_key == series_instance_uid]
+    stacks = [s for s in scanned.series if s.info.series_instance_uid == series_instance_uid]
+    if not chosen and len(stacks) > 1:
+        raise IngestionError(
+            f"{path}: series {series_instance_uid} holds {len(stacks)} stacks and the dataset "
+            "row does not say which it is on (a row imported from a store of before stacks "
+            "were told apart); import it again from a store that measured it since"
+        )
+    scanned = replace(scanned, series=chosen)
     rejected = []
     for item in iter_volumes(scanned, modality):
         if isinstance(item, Volume):
-            if item.identifiers.series_instance_uid == series_instance_uid:
+            if item.identifiers.series_key == series_instance_uid:
                 return item
         else:
             rejected.append(item)

@@ -359,6 +359,53 @@ def test_a_truncated_copy_of_one_image_elsewhere_does_not_fail_the_study(
     assert not any("incomplete" in entry["reason"] for entry in report["skipped"])
 
 
+def test_a_split_series_is_stored_as_its_stack_and_a_re_run_finds_it(
+    tmp_path: Path, sqlite_store: Store, measurer: Any
+) -> None:
+    """issue 41: a series holding two stacks (a finer stack of six slices under the same
+    SeriesInstanceUID): the batch measures the largest stack and stores it under the stack's
+    key (the DICOM UID recorded beside it); a re-run finds that run (already stored) and still
+    says which series was measured instead of the thicker one."""
+    from db.models import Series
+    from ingestion.load import load_path
+
+    study_uid, thin, thick = _study_with_two_series(tmp_path / "tree", seed=11)
+    study = tmp_path / "tree" / "study" / "phantom_0000"
+    rewrite_series(
+        by_position(study / "dicom")[:6],
+        study / "fine",
+        SeriesInstanceUID=thin,
+        PixelSpacing=[0.5, 0.5],
+    )
+    parts = [v for v in load_path(study).volumes if v.identifiers.series_instance_uid == thin]
+    largest = max(parts, key=lambda v: v.shape[0])
+    key = largest.identifiers.series_key
+    assert len(parts) == 2 and key != thin
+    options = BatchOptions(
+        root=tmp_path / "tree",
+        work_dir=tmp_path / "work",
+        rules=SelectionRules(min_slices=5),
+        workers=0,
+        report=tmp_path / "report",
+    )
+    for run, (stored, already) in enumerate(((1, 0), (0, 1))):
+        summary = run_batch(options, store=sqlite_store, measurer=measurer)
+        assert (summary.stored, summary.already_stored, summary.failed) == (stored, already, 0)
+        report = json.loads((tmp_path / "report.json").read_text())
+        (done,) = report["studies"]
+        assert done["study_instance_uid"] == study_uid and done["series_instance_uids"] == [key]
+        skipped = {(r["series_instance_uid"], r["reason"]) for r in report["skipped"]}
+        assert any(
+            uid == thick and "not chosen" in why and f"series {thin} (" in why
+            for uid, why in skipped
+        ), (run, skipped)
+    with sqlite_store.reader() as session:
+        row = session.execute(select(Series)).scalar_one()
+        assert row.series_instance_uid == key
+        assert row.sop_instance_uids["series_instance_uid"] == thin
+        assert row.sop_instance_uids["uids"] == list(largest.identifiers.sop_instance_uids)
+
+
 def test_inference_gets_the_cpus_the_loaders_leave_and_the_threads_are_restored(
     tmp_path: Path, sqlite_store: Store, measurer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
