@@ -238,20 +238,12 @@ def users_add(
     password = None
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
-    store = open_database(ctx, db, create=True)
-    try:
-        with store.writer() as session:
-            try:
-                user = checked(
-                    lambda: add_user(session, name, role, password=password, actor=cli_actor())
-                )
-            except ValueError as exc:
-                err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
-                raise typer.Exit(EXIT_NOTHING) from exc
-            checked(session.commit)
-            out.print(f"Added {user.role.value} {safe(repr(user.name))}")
-    finally:
-        store.dispose()
+
+    def change(session: Any) -> str:
+        user = add_user(session, name, role, password=password, actor=cli_actor())
+        return f"Added {user.role.value} {safe(repr(user.name))}"
+
+    _administer(ctx, db, change, create=True)
 
 
 @users_app.command("list")
@@ -292,10 +284,12 @@ def users_list(ctx: typer.Context, db: DbOption = None) -> None:
         out.print(f"address locked for every name: {safe(text)}")
 
 
-def _administer(ctx: typer.Context, db: str | None, change: Callable[[Any], str]) -> None:
+def _administer(
+    ctx: typer.Context, db: str | None, change: Callable[[Any], str], *, create: bool = False
+) -> None:
     """Run one change to the users in a write transaction: print what it says, or exit 2 with
     one line (an unknown user, the last admin, a refused password, ...)."""
-    store = open_database(ctx, db)
+    store = open_database(ctx, db, create=create)
     try:
         with store.writer() as session:
             try:

@@ -179,16 +179,19 @@ def create_app(
     verify_password(None, "")  # makes the dummy hash now, not during the first login
     app = FastAPI(title="radcaliper review", docs_url=None, redoc_url=None, openapi_url=None)
 
+    def session_event(session: Any, actor: str, action: str, details: dict[str, Any]) -> None:
+        append_event(
+            session,
+            actor=actor,
+            action=action,
+            object_type="session",
+            object_id=None,
+            details=details,
+        )
+
     def audit(actor: str, action: str, details: dict[str, Any]) -> None:
         with context.store.writer() as session:
-            append_event(
-                session,
-                actor=actor,
-                action=action,
-                object_type="session",
-                object_id=None,
-                details=details,
-            )
+            session_event(session, actor, action, details)
             session.commit()
 
     def address_of(request: Request) -> str:
@@ -205,29 +208,16 @@ def create_app(
         actor = name[:64] or "?"
         with context.store.writer() as session:
             lockouts = record_failure(session, name, address, limits, clock())
-            append_event(
-                session,
-                actor=actor,
-                action=action,
-                object_type="session",
-                object_id=None,
-                details={"address": address},
-            )
+            session_event(session, actor, action, {"address": address})
             for lockout in lockouts:
-                append_event(
-                    session,
-                    actor=actor,
-                    action="login.locked",
-                    object_type="session",
-                    object_id=None,
-                    details={
-                        "scope": lockout.scope,
-                        "user": lockout.user,
-                        "address": lockout.address,
-                        "failures": lockout.failures,
-                        "locked_seconds": lockout.seconds,
-                    },
-                )
+                lock = {
+                    "scope": lockout.scope,
+                    "user": lockout.user,
+                    "address": lockout.address,
+                    "failures": lockout.failures,
+                    "locked_seconds": lockout.seconds,
+                }
+                session_event(session, actor, "login.locked", lock)
             session.commit()
         for lockout in lockouts:
             logger.warning(

@@ -264,3 +264,26 @@ def test_a_faked_0003_cannot_undo_a_forced_password_change(people: Store) -> Non
     people.dispose()
     with pytest.raises(MigrationRefusedError, match="field must_change_password"):
         upgrade(people.url)
+
+
+def test_a_recorded_downgrade_below_0004_keeps_the_log_intact(people: Store) -> None:
+    """The forced change a downgrade drops is recorded as gone; the upgrade again verifies."""
+    from db.migrate import downgrade, upgrade
+
+    with people.writer() as session:
+        reset_password(session, "alice", "a new secret", actor="root")
+        session.commit()
+    alice_id = str(_user(people, "alice").id)
+    people.dispose()
+    downgrade(people.url, "0003", actor="cli:admin")
+    with people.reader() as session:
+        assert verify(session).ok  # at 0003: alice's flag is recorded as gone
+        last = session.execute(select(AuditEvent).order_by(AuditEvent.id.desc())).scalars()
+        downgraded, dropped = list(last)[:2]
+        assert (downgraded.action, dropped.action) == ("schema.downgraded", "schema.data_dropped")
+        assert list(dropped.details["rows"]["users"]) == [alice_id]
+        assert dropped.details["rows"]["users"][alice_id]["must_change_password"] is False
+    people.dispose()
+    upgrade(people.url, actor="cli:admin")
+    assert not _user(people, "alice").must_change_password
+    assert _intact(people)

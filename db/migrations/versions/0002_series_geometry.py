@@ -24,18 +24,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    _drop_column("series", "geometry")
+    from db.migration_ops import drop_column
 
-
-def _drop_column(table: str, column: str) -> None:
-    """``ALTER TABLE ... DROP COLUMN`` where SQLite has it (3.35 and later): Alembic's batch
-    mode copies the table and drops the old one, which the foreign keys of other tables'
-    rows refuse once it holds data."""
-    import sqlite3
-
-    bind = op.get_bind()
-    if bind.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column(column)
-        return
-    op.drop_column(table, column)
+    drop_column("series", "geometry")

@@ -58,8 +58,18 @@ def upgrade() -> None:
 def downgrade() -> None:
     # the log is append-only: baseline events stay; the patient names dropped with the column
     # are recorded as gone, so that the log still says what the rows hold
-    _record_dropped_names(op.get_bind())
-    _drop_column("studies", "patient_name")
+    from db.migration_ops import drop_column, record_dropped
+
+    record_dropped(
+        "studies",
+        "patient_name",
+        where=None,
+        reset=None,
+        revision=revision,
+        statement="a downgrade below schema 0003 drops studies.patient_name: these studies' "
+        "patient names are gone",
+    )
+    drop_column("studies", "patient_name")
 
 
 def _actor() -> str:
@@ -144,50 +154,3 @@ def _record_baseline(bind: sa.Connection) -> None:
         actor,
         "; ".join(f"{name}: {reason}" for name, reason in why.items()),
     )
-
-
-def _record_dropped_names(bind: sa.Connection) -> None:
-    """The state of every study that had a patient name, without it (a downgrade drops the
-    column), recorded in the log before the column goes."""
-    from types import SimpleNamespace
-
-    from db.audit import append_event_core
-    from db.coverage import study_state
-
-    metadata = sa.MetaData()
-    metadata.reflect(bind, only=("studies",))
-    studies = metadata.tables["studies"]
-    named = sa.select(studies).where(studies.c.patient_name.is_not(None)).order_by(studies.c.id)
-    states: dict[str, Any] = {}
-    for row in bind.execute(named):
-        values = dict(row._mapping, patient_name=None)
-        states[str(row.id)] = study_state(SimpleNamespace(**values))
-    for start in range(0, len(states), ROWS_PER_EVENT):
-        part = dict(list(states.items())[start : start + ROWS_PER_EVENT])
-        append_event_core(
-            bind,
-            actor=_actor(),
-            action="schema.data_dropped",
-            object_type="table",
-            object_id=None,
-            details={
-                "revision": revision,
-                "statement": "a downgrade below schema 0003 drops studies.patient_name: "
-                "these studies' patient names are gone",
-                "rows": {"studies": part},
-            },
-        )
-
-
-def _drop_column(table: str, column: str) -> None:
-    """``ALTER TABLE ... DROP COLUMN`` where SQLite has it (3.35 and later): Alembic's batch
-    mode copies the table and drops the old one, which the foreign keys of other tables'
-    rows refuse once it holds data."""
-    import sqlite3
-
-    bind = op.get_bind()
-    if bind.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column(column)
-        return
-    op.drop_column(table, column)

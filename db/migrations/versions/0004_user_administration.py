@@ -44,55 +44,19 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    _record_dropped_flags(op.get_bind())
+    from db.migration_ops import drop_column, record_dropped
+
+    flagged = sa.column("must_change_password", sa.Boolean()).is_(True)
+    record_dropped(
+        "users",
+        "must_change_password",
+        where=flagged,
+        reset=False,
+        revision=revision,
+        statement="a downgrade below schema 0004 drops users.must_change_password: these "
+        "users no longer have to change their password",
+    )
     op.drop_index("ix_login_failures_address", table_name="login_failures")
     op.drop_index("ix_login_failures_user_name", table_name="login_failures")
     op.drop_table("login_failures")
-    _drop_column("users", "must_change_password")
-
-
-def _record_dropped_flags(bind: sa.Connection) -> None:
-    """The users who had to change their password, recorded without that flag (a downgrade
-    drops the column) before it goes, so that the log still says what the rows hold."""
-    from types import SimpleNamespace
-
-    from alembic import context
-
-    from db.audit import append_event_core
-    from db.coverage import user_state
-
-    metadata = sa.MetaData()
-    metadata.reflect(bind, only=("users",))
-    users = metadata.tables["users"]
-    flagged = sa.select(users).where(users.c.must_change_password.is_(True)).order_by(users.c.id)
-    states = {
-        str(row.id): user_state(SimpleNamespace(**dict(row._mapping, must_change_password=False)))
-        for row in bind.execute(flagged)
-    }
-    if states:
-        append_event_core(
-            bind,
-            actor=str(context.config.attributes.get("actor") or "migration:0004")[:64],
-            action="schema.data_dropped",
-            object_type="table",
-            object_id=None,
-            details={
-                "revision": revision,
-                "statement": "a downgrade below schema 0004 drops users.must_change_password: "
-                "these users no longer have to change their password",
-                "rows": {"users": states},
-            },
-        )
-
-
-def _drop_column(table: str, column: str) -> None:
-    """``ALTER TABLE ... DROP COLUMN`` where SQLite has it (3.35 and later), else Alembic's
-    batch mode (see 0002)."""
-    import sqlite3
-
-    bind = op.get_bind()
-    if bind.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column(column)
-        return
-    op.drop_column(table, column)
+    drop_column("users", "must_change_password")
