@@ -37,7 +37,9 @@ What goes in, and the choices made (README "DICOM SR"):
 - **Split series**: where one SeriesInstanceUID holds several stacks (axial and coronal
   reconstructions, ...), each stack is its own stored series (``db.store``), so the run's SR
   references that stack's images and maps its axes with that stack's geometry; the evidence
-  names the DICOM SeriesInstanceUID, not the store's key of the stack.
+  names the DICOM SeriesInstanceUID, not the store's key of the stack. A run stored before
+  that, under another stack's row (its findings on images the row does not hold), is refused
+  with what to do (``StorageError``: measure the study again), never half-referenced.
 - **Character set**: Specific Character Set is ISO_IR 192 (UTF-8) when any text of the document
   (patient id or name, reviewers, organization, model) is not ASCII, so ``PAT-Ünïcödé-日本`` is
   written as it is stored; otherwise it is left out (the default repertoire).
@@ -192,6 +194,23 @@ def _evidence(study: Study, series: Series) -> list[Dataset]:
             f"{series.source_format}); an SR must reference DICOM images"
         )
     return list(out.values())
+
+
+def _check_images(study_instance_uid: str, run: Run, held: set[str]) -> None:
+    """Refuses a run whose findings lie on images its series row does not hold: a run of one
+    stack stored under another stack's row, before radcaliper told the stacks of a series
+    apart (``db.store``). Its SR would reference images it does not list, with the other
+    stack's geometry."""
+    for finding in run.findings:
+        uid = finding.sop_instance_uid
+        if uid is not None and uid not in held:
+            raise StorageError(
+                f"cannot export SR for study {study_instance_uid}: finding {finding.number} of "
+                f"run {run.id} lies on image {uid}, which its series row "
+                f"{run.series.series_instance_uid} does not hold (a series of several stacks, "
+                "stored before each stack was a series of its own); measure the study again "
+                "and export again"
+            )
 
 
 def _value(m: Measurement) -> float | None:
@@ -426,6 +445,7 @@ def export_study_sr(
     if run is None:
         raise StorageError(f"study {study_instance_uid} has no stored run to export")
     evidence = _evidence(study, run.series)
+    _check_images(study_instance_uid, run, {str(ds.SOPInstanceUID) for ds in evidence})
     left_out: list[str] = []
     limits = limits or CorrectionLimits()
     groups = [g for f in run.findings if (g := _group(run, f, limits, left_out)) is not None]

@@ -203,3 +203,25 @@ def test_a_dataset_row_of_a_stack_loads_that_stack(stacks: list[Volume], tmp_pat
         assert loaded.identifiers.sop_instance_uids == volume.identifiers.sop_instance_uids
     with pytest.raises(IngestionError, match="holds 3 stacks and the dataset row does not say"):
         load_dataset_volume(dataset, SERIES_UID)
+
+
+def test_a_run_stored_under_another_stacks_row_is_refused_with_what_to_do(
+    store: Store, stacks: list[Volume], tmp_path: Path
+) -> None:
+    """A database from before: the second stack's run under the first stack's row (as the
+    store kept them). Its SR would reference images its series does not list: export-sr says
+    so in one line (exit 2), no traceback, no file."""
+    from sqlalchemy import update
+
+    _store(store, stacks[0])
+    _store(store, stacks[1])
+    with store.writer() as session:
+        first, second = session.execute(select(Run).order_by(Run.id)).scalars()
+        session.execute(update(Run).where(Run.id == second.id).values(series_id=first.series_id))
+        session.commit()
+    done = runner.invoke(
+        app, ["export-sr", STUDY_UID, str(tmp_path / "sr"), "--db", str(store.url)]
+    )
+    assert done.exit_code == 2, done.output
+    assert "which its series row" in done.output and "measure the study again" in done.output
+    assert "Traceback" not in done.output and not (tmp_path / "sr").exists()
