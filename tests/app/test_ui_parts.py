@@ -66,7 +66,7 @@ def test_login_sets_a_server_side_session_and_logout_ends_it(client: TestClient)
     assert client.get("/app/").status_code == 200
     assert client.get("/app/gradio_api/info").status_code == 200
     # a GET (a link or an image on another page) does not log out: it shows a button
-    assert "<form method=\"post\" action=\"/logout\">" in client.get("/logout").text
+    assert '<form method="post" action="/logout">' in client.get("/logout").text
     assert client.get("/app/").status_code == 200
     client.post("/logout")
     assert client.get("/app/").status_code == 401
