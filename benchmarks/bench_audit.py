@@ -84,7 +84,7 @@ from db.review import review_measurement
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = Path(__file__).resolve().parents[1]
 START = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
-FILL_VERSION = 1  # part of the cache's name: change it when the fill changes
+FILL_VERSION = 2  # part of the cache's name: change it when the fill changes (2: schema 0004)
 TARGET_S = 20.0
 TARGET_MB = 300.0
 REVIEWED = 0.05  # share of measurements accepted by a reviewer
@@ -177,7 +177,9 @@ class _Filler:
 
     def __init__(self, store: Store, rng: random.Random) -> None:
         self.store, self.rng = store, rng
-        self.chain = _Chain()
+        with store.reader() as session:  # the schema's own event (its creation) comes first
+            head = session.execute(select(AuditHead.last_id, AuditHead.last_hash)).one()
+        self.chain = _Chain(head.last_id, head.last_hash)
         self.batch = _Batch.empty()
         self.ids = {"study": 0, "finding": 0, "measurement": 0, "review": 0}
         self.made = 0
