@@ -218,6 +218,9 @@ def test_evaluate_on_real_cases_end_to_end(tmp_path: Path) -> None:
     assert "| lidc0314_nodule/dicom | 1 |" in evaluated.output
 
 
+@pytest.mark.skipif(
+    not (REAL / "cases.json").is_file(), reason=f"the real CT backgrounds are not at {REAL}"
+)
 def test_train_hold_out_names_hybrid_backgrounds_only(tmp_path: Path) -> None:
     """--hold-out without a hybrid source is refused before anything is trained; an unknown
     background is named (nothing written either way)."""
