@@ -1,12 +1,7 @@
 """Training material: studies with their truth, turned into a rolling pool of examples.
 
-A :class:`StudySource` gives numbered training studies (a volume and its true findings):
-:class:`PhantomSource` generates phantoms on the fly (study ``i`` from ``study_seed(seed, i)``,
-the seeds ``radcaliper phantoms`` uses), :class:`FolderSource` reads the studies that
-``radcaliper phantoms`` wrote (DICOM series plus ``truth.json``), :class:`DatasetSource` the
-studies of a dataset folder (``ingestion.dataset``: masks, SEG, SR, reviews, phantoms), and
-:class:`MixedSource` draws each study from one of several sources by weight
-(``radcaliper train --dataset DIR:3,phantoms:1``).
+A :class:`StudySource` (``model.measurer.data.sources``: phantoms, folders, datasets, mixes)
+gives numbered training studies (a volume and its true findings).
 
 :class:`StudyPool` keeps, for the most recent studies, what training draws from: per finding a
 small float16 patch (measure crops are cut fresh, with a new jitter, every time they are drawn)
