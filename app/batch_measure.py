@@ -28,7 +28,7 @@ from ingestion.volume import Volume
 from model.measurer.results import ModelInfo, StudyResult
 
 if TYPE_CHECKING:
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
 __all__ = [
     "DeferredMeasurer",
@@ -88,13 +88,13 @@ class DeferredMeasurer:
     def of(cls, directory: Path) -> DeferredMeasurer:
         """The checkpoint at ``directory``: its ``radcaliper.json`` read and its files hashed
         now (``ModelError`` when it is not a measurer checkpoint), its weights at :meth:`load`
-        (``model.measurer.pipeline.CheckpointMeasurer.load``)."""
-        from model.measurer.checkpoint import checkpoint_hash, read_settings
+        (``model.measurer.infer.pipeline.CheckpointMeasurer.load``)."""
+        from model.measurer.checkpoint.settings import checkpoint_hash, read_settings
 
         info = read_settings(directory).model_info()
 
         def load() -> Any:
-            from model.measurer.pipeline import CheckpointMeasurer
+            from model.measurer.infer.pipeline import CheckpointMeasurer
 
             return CheckpointMeasurer.load(directory)
 
@@ -117,7 +117,7 @@ def open_worker(model_dir: Path, db_url: str, threads: int) -> tuple[CheckpointM
 
     from app.heap import keep_freed_memory
     from db.engine import open_store
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     torch.set_num_threads(threads)
     keep_freed_memory()

@@ -35,7 +35,7 @@ from ingestion.errors import ModelError
 
 if TYPE_CHECKING:
     from db.engine import Store
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
 __all__ = [
     "MeasuringPool",

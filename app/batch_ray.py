@@ -95,7 +95,11 @@ class ModelIdentity:
     def of(cls, directory: Path) -> ModelIdentity:
         """``ModelError`` when ``directory`` is not a measurer checkpoint."""
         from ingestion.errors import ModelError
-        from model.measurer.checkpoint import SETTINGS_NAME, MeasurerSettings, checkpoint_hash
+        from model.measurer.checkpoint.settings import (
+            SETTINGS_NAME,
+            MeasurerSettings,
+            checkpoint_hash,
+        )
 
         path = directory / SETTINGS_NAME
         try:

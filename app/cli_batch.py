@@ -344,7 +344,7 @@ def _run_on_ray(
     from app.batch import run_batch
     from app.batch_ray import ModelIdentity, RayEngine, RayOptions
     from ingestion.errors import ModelError
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     try:
         model = ModelIdentity.of(model_dir or default_checkpoint())

@@ -7,7 +7,7 @@ import of the same input. What could not be imported is one line each (file, ite
 stderr and in OUT/import_report.jsonl; the rest imports. Exit 0: everything imported; 1: some
 items were skipped; 2: nothing could be imported.
 
-``radcaliper dataset hybrid OUT --n N --seed S`` writes N studies of ``model.measurer.hybrid``
+``radcaliper dataset hybrid OUT --n N --seed S`` writes N studies of ``model.measurer.data.hybrid``
 (real CT backgrounds, synthetic lesions) into OUT, with the same exit codes.
 """
 
@@ -276,7 +276,7 @@ def hybrid_command(
     every study written; 1: some could not be made (listed); 2: none.
     """
     from ingestion.errors import RadcaliperError
-    from model.measurer.hybrid import (
+    from model.measurer.data.hybrid import (
         HybridSource,
         choose_backgrounds,
         shared_data_root,

@@ -34,7 +34,7 @@ from app.console import (
 from app.progress import progress_display
 
 if TYPE_CHECKING:
-    from model.measurer.stages import TraceEvent
+    from model.measurer.infer.state import TraceEvent
 
 __all__ = [
     "RESULTS_BEGIN",
@@ -54,7 +54,7 @@ _settings = settings_of
 
 def _checkpoint_dir(model_dir: Path | None) -> Path:
     """``model_dir``, else the demo model's directory; exit 2 when the demo model is missing."""
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     directory = model_dir or default_checkpoint()
     if model_dir is None and not directory.is_dir():
@@ -116,7 +116,7 @@ def load_measurer(model_dir: Path | None, *, calibrated: bool = True) -> Any:
     ``calibrated=False`` leaves its ``calibrate`` stage out (raw values, nothing refused)."""
     from app.resident import kept_model
     from ingestion.errors import ModelError
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     directory = _checkpoint_dir(model_dir)
 
@@ -371,10 +371,11 @@ def train(
     """
 
     from ingestion.errors import RadcaliperError
-    from model.measurer.checkpoint import NumericMode
-    from model.measurer.pool import FolderSource, PhantomSource, StudySource, parse_sources
-    from model.measurer.train import TrainConfig
-    from model.measurer.train import train as run_training
+    from model.measurer.checkpoint.settings import NumericMode
+    from model.measurer.data.sources import FolderSource, PhantomSource, parse_sources
+    from model.measurer.data.study import StudySource
+    from model.measurer.train.config import TrainConfig
+    from model.measurer.train.loop import train as run_training
 
     try:
         mode = NumericMode(numeric_mode)
@@ -487,7 +488,7 @@ def export_model(
     model) and needs the base folder to load; this writes the whole model.
     """
     from ingestion.errors import RadcaliperError
-    from model.measurer.checkpoint import export_checkpoint
+    from model.measurer.checkpoint.weights import export_checkpoint
 
     _output_folder(out_dir, "OUT")
     try:
@@ -560,11 +561,12 @@ def calibrate(
     the lowest that keeps the false findings within --false-per-study.
     """
     from ingestion.errors import RadcaliperError
-    from model.measurer.calibration import fit_calibration, fit_decode_check
-    from model.measurer.checkpoint import write_settings
-    from model.measurer.evaluate import StudyOutcome, calibration_pairs, evaluate
-    from model.measurer.operating import detection_curve, fit_detection_threshold
-    from model.measurer.pool import DatasetSource, FolderSource, PhantomSource, StudySource
+    from model.measurer.calibrate.calibration import fit_calibration, fit_decode_check
+    from model.measurer.calibrate.operating import detection_curve, fit_detection_threshold
+    from model.measurer.checkpoint.settings import write_settings
+    from model.measurer.data.sources import DatasetSource, FolderSource, PhantomSource
+    from model.measurer.data.study import StudySource
+    from model.measurer.evaluate.scoring import StudyOutcome, calibration_pairs, evaluate
     from model.measurer.results import MeasurementName
 
     if dataset is not None and phantoms_dir is not None:
@@ -686,7 +688,7 @@ def calibrate(
 def _print_memory(config: Any) -> None:
     """``train --dry-run``: the estimated peak GPU memory of the run, by part."""
     from ingestion.errors import RadcaliperError
-    from model.measurer.memory import GIB, estimate_training_memory, model_shape
+    from model.measurer.train.memory import GIB, estimate_training_memory, model_shape
 
     try:
         shape = model_shape(config)
@@ -704,7 +706,7 @@ def _print_memory(config: Any) -> None:
             "bf16 autocast; gradient checkpointing "
             f"{'on' if config.gradient_checkpointing else 'off'}; {config.accumulation} "
             f"micro-batch(es); {estimate.tokens_per_step} tokens per step. An estimate "
-            "(model.measurer.memory): leave a margin."
+            "(model.measurer.train.memory): leave a margin."
         ),
     )
     table.add_column("part")
@@ -737,7 +739,7 @@ def _restricted_licences(described: Mapping[str, Any]) -> list[str]:
 
 def _read_train_config(path: Path) -> Any:
     """The ``TrainConfig`` in ``path`` (``--config``), or exit 2 with one line saying why."""
-    from model.measurer.train import TrainConfig
+    from model.measurer.train.config import TrainConfig
 
     try:
         return TrainConfig.from_json(json.loads(path.read_text()))
@@ -866,11 +868,11 @@ def evaluate(
 
     from app.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
     from app.report import comparison_markdown
-    from model.measurer.checkpoint import default_checkpoint
-    from model.measurer.compare import compare, numeric_items, results_json
-    from model.measurer.pipeline import CheckpointMeasurer
-    from model.measurer.pool import PhantomSource
-    from model.measurer.train import Stage, TrainConfig
+    from model.measurer.checkpoint.settings import default_checkpoint
+    from model.measurer.data.sources import PhantomSource
+    from model.measurer.evaluate.comparison import compare, numeric_items, results_json
+    from model.measurer.infer.pipeline import CheckpointMeasurer
+    from model.measurer.train.config import Stage, TrainConfig
 
     settings = _settings(ctx)
     began = time.monotonic()
@@ -974,7 +976,7 @@ def _evaluate_on_dataset(
     """``evaluate --dataset``: one model on one dataset (``app.dataset_eval``)."""
     from app.dataset_eval import evaluate_dataset, write_outputs
     from ingestion.errors import RadcaliperError
-    from model.measurer.pool import DatasetSource
+    from model.measurer.data.sources import DatasetSource
 
     try:  # the dataset first: a wrong folder should not wait for the model to load
         source = DatasetSource(dataset, cache=1)  # read once; each series is measured once

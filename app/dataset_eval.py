@@ -1,8 +1,8 @@
 """``radcaliper evaluate --dataset DIR``: a model against the truth of a dataset folder.
 
 Every series of the dataset is loaded and measured, and scored with the same matching rule and
-metrics as the phantom evaluation (``model.measurer.evaluate``): recall per kind and size bin,
-false (and unjudged) findings per study, MAE and Bland-Altman of each measurement, coverage of
+metrics as the phantom evaluation (``model.measurer.evaluate.scoring``): recall per kind and size
+bin, false (and unjudged) findings per study, MAE and Bland-Altman of each measurement, coverage of
 the calibrated ranges, parse success and seconds per study. A series whose image cannot be
 loaded is listed with the reason and scored as refused. Writes ``evaluation.json`` (summary,
 per-study rows, the model, the dataset), ``evaluation.md`` (the tables) and two plots
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from model.measurer.evaluate import Evaluation, StudyOutcome
-    from model.measurer.pipeline import CheckpointMeasurer
-    from model.measurer.pool import DatasetSource
+    from model.measurer.data.sources import DatasetSource
+    from model.measurer.evaluate.scoring import Evaluation, StudyOutcome
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
 __all__ = ["DatasetEvaluation", "evaluate_dataset", "evaluation_markdown"]
 
@@ -68,7 +68,7 @@ def evaluate_dataset(
     """
     from ingestion.dataset.format import Label
     from ingestion.errors import IngestionError
-    from model.measurer.evaluate import StudyOutcome, score_study, summarize
+    from model.measurer.evaluate.scoring import StudyOutcome, score_study, summarize
 
     began = time.monotonic()
     outcomes: list[StudyOutcome] = []
@@ -177,8 +177,8 @@ def write_outputs(result: DatasetEvaluation, out_dir: Path, header: Sequence[str
     """Write evaluation.json, evaluation.md and the plots under ``out_dir``; returns the
     markdown."""
     from app.plots import measurement_agreement
-    from model.measurer.compare import json_safe
-    from model.measurer.evaluate import calibration_pairs
+    from model.measurer.evaluate.comparison import json_safe
+    from model.measurer.evaluate.scoring import calibration_pairs
 
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -24,7 +24,7 @@ from rich.table import Table
 from app.console import safe
 
 if TYPE_CHECKING:
-    from model.measurer.evaluate import Evaluation
+    from model.measurer.evaluate.scoring import Evaluation
     from model.measurer.results import StudyResult
 
 __all__ = [

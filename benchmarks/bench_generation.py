@@ -149,8 +149,8 @@ def certified(head: NumericHead, states: torch.Tensor) -> str:
 def checkpoint_states(directory: str) -> tuple[torch.nn.Module, NumericHead, int, torch.Tensor]:
     """A checkpoint's model, its head, its [NUM] id, and STATES real hidden states at which it
     said [NUM] while measuring held-out phantoms (run seed 4242)."""
-    from model.measurer.pipeline import CheckpointMeasurer
-    from model.measurer.pool import PhantomSource
+    from model.measurer.data.sources import PhantomSource
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     measurer = CheckpointMeasurer.load(directory, device="cpu")
     head = measurer.lm.numeric_head

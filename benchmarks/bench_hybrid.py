@@ -1,6 +1,6 @@
 """Benchmark: a checkpoint on hybrid studies of held-out real backgrounds (issue 23's targets).
 
-Hybrid studies (``model.measurer.hybrid``: real CT backgrounds with synthetic lesions inserted,
+Hybrid studies (``model.measurer.data.hybrid``: real CT backgrounds with synthetic lesions inserted,
 truth measured from the final label map) are made from the backgrounds named by ``--held-out``
 only (leave-one-background-out: a checkpoint trained with ``held_out`` set to the same ids
 never saw them). Two tasks are scored:
@@ -14,7 +14,7 @@ never saw them). Two tasks are scored:
   matching rule of every evaluation): lesion recall >= 10 mm, false findings per study,
   vessels (from the background's masks) found and their diameter MAE, for every verified
   report (the checkpoint's ``calibrate`` stage left out), at the checkpoint's detection
-  operating point, and along the detection curve (``model.measurer.operating``: the best
+  operating point, and along the detection curve (``model.measurer.calibrate.operating``: the best
   recall within each budget of false findings per study).
 
 Usage::
@@ -40,13 +40,13 @@ import torch
 
 from ingestion.dataset.format import DatasetFinding
 from ingestion.errors import ModelError
-from model.measurer.checkpoint import default_checkpoint
-from model.measurer.evaluate import StudyOutcome, score_study
-from model.measurer.hybrid import HybridSource, choose_backgrounds, shared_data_root
-from model.measurer.operating import detection_curve
-from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.calibrate.operating import detection_curve
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.data.hybrid import HybridSource, choose_backgrounds, shared_data_root
+from model.measurer.evaluate.scoring import StudyOutcome, score_study
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.infer.state import TraceEvent
 from model.measurer.results import FindingKind
-from model.measurer.stages import TraceEvent
 
 logger = logging.getLogger("bench_hybrid")
 
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     measurer = CheckpointMeasurer.load(model_dir)
     # detection runs without the calibrate stage, so that every verified report is seen with
     # its presence; the checkpoint's operating point (applied by that stage, last) is then
-    # evaluated exactly from the same run by re-matching what it keeps (model.measurer.operating)
+    # evaluated exactly from the same run by re-matching what it keeps
+    # (model.measurer.calibrate.operating)
     operating = measurer.loaded.settings.detection
     measurer.stages = tuple(s for s in measurer.stages if s.name != "calibrate")
     last_stage = measurer.stages[-1].name

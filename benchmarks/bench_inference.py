@@ -40,9 +40,9 @@ from app.heap import keep_freed_memory
 from ingestion.load import load_path
 from ingestion.volume import Modality
 from model.flops import AnsweredRow, Flops, TextShape, VisionShape, answered_rows, generation_flops
-from model.measurer.checkpoint import default_checkpoint
-from model.measurer.hybrid import shared_data_root
-from model.measurer.pipeline import CheckpointMeasurer
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.data.hybrid import shared_data_root
+from model.measurer.infer.pipeline import CheckpointMeasurer
 from model.numeric.hf import GenerateCall
 
 TARGET = 4.0

@@ -10,8 +10,8 @@ Usage (from the repository root, in the project's virtualenv)::
    default) and reads them back through ingestion, as a user's studies would be.
 2. Times loading the model in a fresh Python process (imports included), three times.
 3. Measures every study with ``CheckpointMeasurer`` on ``--threads`` CPU threads and scores the
-   results against ``truth.json`` (``model.measurer.evaluate``): recall of lesions >= 10 mm and
-   false findings per study, MAE of long axis, short axis and vessel diameter, coverage of the
+   results against ``truth.json`` (``model.measurer.evaluate.scoring``): recall of lesions >= 10 mm
+   and false findings per study, MAE of long axis, short axis and vessel diameter, coverage of the
    calibrated ranges, answers that parsed, and seconds per study (median; the first study is a
    warm-up and not timed).
 
@@ -43,14 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _machine import load, machine
 
 from ingestion.phantoms import write_phantoms
-from model.measurer.checkpoint import default_checkpoint
-from model.measurer.evaluate import StudyOutcome, evaluate, summarize
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import FolderSource
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.data.sources import FolderSource
+from model.measurer.evaluate.scoring import StudyOutcome, evaluate, summarize
+from model.measurer.infer.pipeline import CheckpointMeasurer
 
 LOAD_SNIPPET = (
     "import sys, time; t = time.perf_counter(); "
-    "from model.measurer.pipeline import CheckpointMeasurer; "
+    "from model.measurer.infer.pipeline import CheckpointMeasurer; "
     "CheckpointMeasurer.load(sys.argv[1]); print(time.perf_counter() - t)"
 )
 

@@ -29,11 +29,11 @@ import torch
 from ingestion.geometry import Geometry
 from ingestion.load import load_path
 from ingestion.volume import Modality, Volume
-from model.measurer.checkpoint import default_checkpoint
-from model.measurer.hybrid import shared_data_root
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.stages import InferenceOptions, TraceEvent
-from model.measurer.voting import FindVoting
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.data.hybrid import shared_data_root
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.infer.state import InferenceOptions, TraceEvent
+from model.measurer.inputs.voting import FindVoting
 
 
 def full_size_volume(slices: int, shared: Path | None = None) -> Volume:

@@ -41,11 +41,12 @@ from typing import Any
 
 import torch
 
-from model.measurer.checkpoint import NumericMode
-from model.measurer.data import MeasureExample, measure_example
-from model.measurer.inference import measure_findings
-from model.measurer.pool import PhantomSource
-from model.measurer.train import PoolSettings, Stage, StepReport, TrainConfig, train
+from model.measurer.checkpoint.settings import NumericMode
+from model.measurer.data.sources import PhantomSource
+from model.measurer.infer.inference import measure_findings
+from model.measurer.inputs.data import MeasureExample, measure_example
+from model.measurer.train.config import PoolSettings, Stage, StepReport, TrainConfig
+from model.measurer.train.loop import train
 
 logger = logging.getLogger("bench_rned")
 

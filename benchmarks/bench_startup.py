@@ -94,7 +94,7 @@ step("import torch")
 import transformers.modeling_utils
 step("import transformers.modeling_utils")
 import model.circle_rope.modeling
-import model.measurer.pipeline
+import model.measurer.infer.pipeline
 step("import the model's modules")
 from app.cli_model import load_measurer
 measurer = load_measurer(None)

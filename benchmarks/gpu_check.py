@@ -3,8 +3,8 @@
 Run through ``benchmarks/gpu_check.sh`` (which sets up the machine); the steps, each timed:
 
 1. **build**: a Qwen2.5-VL directory with random weights at the published 3B shape
-   (``model.measurer.base.write_random_base_model``: no weights can be downloaded), saved in
-   bfloat16 as released;
+   (``model.measurer.checkpoint.base.write_random_base_model``: no weights can be downloaded),
+   saved in bfloat16 as released;
 2. **train**: ``radcaliper``'s own ``train`` on it, ``--steps`` LoRA steps (rank 128, alpha
    256, the projector and numeric head trained too) on phantom studies, the default batches:
    seconds per step (the first, warm-up, step left out), peak GPU memory, and the seconds
@@ -44,12 +44,13 @@ import torch
 
 from ingestion.phantoms import generate_phantom, study_seed
 from model.backbone import QWEN2_5_VL_SHAPES
-from model.measurer.base import write_random_base_model
-from model.measurer.data import phantom_volume
-from model.measurer.memory import estimate_training_memory, model_shape
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
-from model.measurer.train import PoolSettings, Stage, StepReport, TrainConfig, train
+from model.measurer.checkpoint.base import write_random_base_model
+from model.measurer.data.sources import PhantomSource
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.inputs.data import phantom_volume
+from model.measurer.train.config import PoolSettings, Stage, StepReport, TrainConfig
+from model.measurer.train.loop import train
+from model.measurer.train.memory import estimate_training_memory, model_shape
 
 logger = logging.getLogger("gpu_check")
 

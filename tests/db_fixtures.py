@@ -24,7 +24,7 @@ from db.models import Role, User
 from db.users import add_user
 from ingestion.phantoms import generate_phantom
 from ingestion.volume import Volume
-from model.measurer.data import phantom_volume
+from model.measurer.inputs.data import phantom_volume
 
 from db_helpers import make_result, store_one
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from model.measurer.data import MeasureInputs
-from model.measurer.find import FindInputs
-from model.measurer.train import PoolSettings, TrainConfig
+from model.measurer.inputs.data import MeasureInputs
+from model.measurer.inputs.find import FindInputs
+from model.measurer.train.config import PoolSettings, TrainConfig
 
 TINY = TrainConfig.tiny()
 

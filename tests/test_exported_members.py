@@ -14,6 +14,14 @@ PACKAGES = [
     "model.numeric",
     "model.circle_rope",
     "model.measurer",
+    "model.measurer.calibrate",
+    "model.measurer.checkpoint",
+    "model.measurer.data",
+    "model.measurer.evaluate",
+    "model.measurer.infer",
+    "model.measurer.inputs",
+    "model.measurer.tasks",
+    "model.measurer.train",
     "db",
 ]
 
@@ -33,6 +41,14 @@ LAZY_PACKAGES = [
     "model.numeric",
     "model.circle_rope",
     "model.measurer",
+    "model.measurer.calibrate",
+    "model.measurer.checkpoint",
+    "model.measurer.data",
+    "model.measurer.evaluate",
+    "model.measurer.infer",
+    "model.measurer.inputs",
+    "model.measurer.tasks",
+    "model.measurer.train",
     "db",
 ]
 

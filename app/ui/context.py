@@ -68,8 +68,8 @@ class UiContext:
     def measurer(self) -> Any:
         with self._lock:
             if self._measurer is None:
-                from model.measurer.checkpoint import default_checkpoint
-                from model.measurer.pipeline import CheckpointMeasurer
+                from model.measurer.checkpoint.settings import default_checkpoint
+                from model.measurer.infer.pipeline import CheckpointMeasurer
 
                 self._measurer = CheckpointMeasurer.load(self.model_dir or default_checkpoint())
             return self._measurer

@@ -34,7 +34,7 @@ def demo_real_study(shared: Path | None = None) -> Path | None:
     """The real CT's DICOM folder in the shared data folder (``$RADCALIPER_SHARED_DATA``, else
     ``../shared/data`` beside the repository), or None where this machine has none."""
     from ingestion.errors import ConfigurationError
-    from model.measurer.hybrid import shared_data_root
+    from model.measurer.data.hybrid import shared_data_root
 
     try:
         root = shared_data_root(shared)

@@ -34,13 +34,16 @@ from pathlib import Path
 import numpy as np
 
 from ingestion.dataset.format import TrueFinding
-from model.measurer.calibration import fit_decode_check
-from model.measurer.checkpoint import default_checkpoint, load_checkpoint
-from model.measurer.evaluate import StudyOutcome, evaluate
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import DatasetSource, PhantomSource, StudySource
+from model.measurer.calibrate.calibration import fit_decode_check
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.checkpoint.weights import load_checkpoint
+from model.measurer.data.sources import DatasetSource, PhantomSource
+from model.measurer.data.study import StudySource
+from model.measurer.evaluate.scoring import StudyOutcome, evaluate
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.infer.stages import default_stages
+from model.measurer.infer.state import TraceEvent
 from model.measurer.results import Measurement, MeasurementName
-from model.measurer.stages import TraceEvent, default_stages
 
 QUANTILES = (0.01, 0.05, 0.10)
 

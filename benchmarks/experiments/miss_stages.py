@@ -1,7 +1,7 @@
 """Exploratory (issue 5): after which inference stage each missed lesion (>= 10 mm) is lost.
 
 Runs a checkpoint over the studies under DATA and watches every stage through the measurer's
-trace hook (``CheckpointMeasurer.measure(..., trace=...)``, ``model.measurer.stages``). For
+trace hook (``CheckpointMeasurer.measure(..., trace=...)``, ``model.measurer.infer.stages``). For
 every true lesion >= 10 mm that the final result does not match (``evaluate.match_findings``)
 it names the first step after which nothing of it is left: a candidate of any kind within
 ``max(10 mm, half the long axis)`` of it in the axial plane and within the lesion's
@@ -43,12 +43,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ingestion.dataset.format import TrueFinding
-from model.measurer.evaluate import RECALL_MIN_LONG_AXIS_MM, match_findings
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import FolderSource
+from model.measurer.data.sources import FolderSource
+from model.measurer.evaluate.scoring import RECALL_MIN_LONG_AXIS_MM, match_findings
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.infer.stages import stages_named
+from model.measurer.infer.state import InferenceStage, TraceEvent
+from model.measurer.inputs.voting import FindVoting
 from model.measurer.results import StudyFinding
-from model.measurer.stages import InferenceStage, TraceEvent, stages_named
-from model.measurer.voting import FindVoting
 
 logger = logging.getLogger("miss_stages")
 

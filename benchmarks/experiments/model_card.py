@@ -19,23 +19,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model.measurer.checkpoint import MeasurerSettings
-from model.measurer.stages import InferenceOptions, default_stages
+from model.measurer.checkpoint.settings import MeasurerSettings
+from model.measurer.infer.stages import default_stages
+from model.measurer.infer.state import InferenceOptions
 
-# what each inference stage does (``model.measurer.stages``), for the card
+# what each inference stage does (``model.measurer.infer.stages``), for the card
 STAGE_TEXT = {
     "find": f"the find task on planes {InferenceOptions().find_plane_mm:g} mm apart over the "
     "whole field of view, in overlapping tiles of the trained size, boxes joined into "
-    "candidates in 3-D (`model.measurer.grouping`)",
+    "candidates in 3-D (`model.measurer.infer.grouping`)",
     "verify": "the point task at each candidate's centre: `none` drops it, a kind replaces the "
     "find step's; a malformed answer is no confirmation",
     "recentre": "the axes task moves each candidate's axial centre to the middle of the long "
     "axis (or diameter) it draws",
     "merge": "candidates of one kind split along z by missed planes become one",
     "measure": "the measure task; a lesion also on neighbouring planes, keeping the plane where "
-    "its long axis is longest (RECIST, `model.measurer.planes`)",
+    "its long axis is longest (RECIST, `model.measurer.infer.planes`)",
     "axes": "the axes task at the measured centre, drawn for the reviewer",
-    "dedupe": "one report per object, decided on the model's own reports (`model.measurer.dedupe`)",
+    "dedupe": "one report per object, decided on the model's own reports (`model.measurer.infer.dedupe`)",
     "calibrate": "the calibrated range around every value",
 }
 
@@ -65,7 +66,7 @@ calibration = settings["calibration"] or {}
 second_window = settings["measure_inputs"].get("second_window")
 second = "" if second_window is None else f" and a second window {second_window} (third channel)"
 stage_lines = "\n".join(
-    f"  {i}. `{stage.name}`: {STAGE_TEXT.get(stage.name, 'see `model.measurer.stages`')}"
+    f"  {i}. `{stage.name}`: {STAGE_TEXT.get(stage.name, 'see `model.measurer.infer.stages`')}"
     for i, stage in enumerate(default_stages(MeasurerSettings.from_json(settings)), start=1)
 )
 
@@ -126,7 +127,7 @@ if len(voting["shifts"]) > 1:
             if voting.get("keep_unaliased")
             else ""
         )
-        + " (`model.measurer.voting`)"
+        + " (`model.measurer.inputs.voting`)"
     )
 else:
     passes = "one find pass per plane"
@@ -148,8 +149,8 @@ card = f"""# {settings["name"]} {settings["version"]}: the bundled demo measurer
   softmax loss), tiny: text hidden {size["hidden_size"]} x {size["num_layers"]} layers
   ({size["num_heads"]} heads, {size["num_kv_heads"]} KV heads), vision tower
   {size["vision_depth"]} blocks x {size["vision_hidden"]}; radcaliper's own 54-token tokenizer.
-- Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks`, `model.measurer.axes`).
-- Inference runs as named stages (`model.measurer.stages`), each a step from one study state to
+- Tasks: {", ".join(settings["tasks"])} (`model.measurer.tasks.text`, `model.measurer.tasks.axes`).
+- Inference runs as named stages (`model.measurer.infer.stages`), each a step from one study state to
   the next; for this checkpoint, in order:
 {stage_lines}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model.measurer.checkpoint import load_checkpoint
+from model.measurer.checkpoint.weights import load_checkpoint
 
 calibration = load_checkpoint(sys.argv[1]).settings.calibration
 if calibration is None:

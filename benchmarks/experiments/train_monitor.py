@@ -1,4 +1,4 @@
-"""Exploratory (issue 5): train the measurer with model.measurer.train and watch held-out
+"""Exploratory (issue 5): train the measurer with model.measurer.train.loop and watch held-out
 quality while it trains (find: per-plane box recall / false boxes by generation; measure:
 teacher-forced MAE). Not a product benchmark; the product's evaluation is `radcaliper evaluate`.
 
@@ -16,12 +16,13 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 from ingestion.phantoms import generate_phantom, study_seed
-from model.measurer.data import collate, encode_example, finding_patches, phantom_volume
-from model.measurer.find import find_planes
-from model.measurer.pool import PhantomSource
-from model.measurer.tasks import parse_find, with_values
-from model.measurer.tokenizer import special_ids
-from model.measurer.train import BackboneSize, PoolSettings, Stage, TrainConfig, train
+from model.measurer.data.sources import PhantomSource
+from model.measurer.inputs.data import collate, encode_example, finding_patches, phantom_volume
+from model.measurer.inputs.find import find_planes
+from model.measurer.tasks.text import parse_find, with_values
+from model.measurer.tasks.tokenizer import special_ids
+from model.measurer.train.config import BackboneSize, PoolSettings, Stage, TrainConfig
+from model.measurer.train.loop import train
 
 out = sys.argv[1]
 s1, s2 = int(sys.argv[2]), int(sys.argv[3])

@@ -27,13 +27,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model.measurer.checkpoint import load_checkpoint
-from model.measurer.evaluate import RECALL_MIN_LONG_AXIS_MM, match_findings
-from model.measurer.grouping import GroupingRule
-from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
-from model.measurer.pool import PhantomSource, TrainingStudy
+from model.measurer.checkpoint.weights import load_checkpoint
+from model.measurer.data.sources import PhantomSource
+from model.measurer.data.study import TrainingStudy
+from model.measurer.evaluate.scoring import RECALL_MIN_LONG_AXIS_MM, match_findings
+from model.measurer.infer.grouping import GroupingRule
+from model.measurer.infer.pipeline import CheckpointMeasurer, InferenceOptions
+from model.measurer.infer.stages import stages_named
+from model.measurer.infer.state import Candidate, TraceEvent
 from model.measurer.results import MEASUREMENTS_OF, FindingKind, Measurement, StudyFinding
-from model.measurer.stages import Candidate, TraceEvent, stages_named
 
 RULES = tuple(GroupingRule(max_plane_gap=2, min_plane_fraction=f) for f in (0.0, 0.3))
 

@@ -14,7 +14,7 @@ Environment:
     ``find_overlap_mm``, ``find_edge_mm``, ``lesion_planes``, ``grouping`` (``GroupingRule``
     fields), e.g. ``OPTS='{"find_voting": {"shifts": [[0, 0], [14, 14]], "votes": 2}}'``.
 ``STAGES``
-    Comma-separated stage names (``model.measurer.stages.stages_named``), run in that order
+    Comma-separated stage names (``model.measurer.infer.stages.stages_named``), run in that order
     instead of the checkpoint's ``default_stages``: an ablation leaves stages out, e.g.
     ``STAGES=find,recentre,merge,measure,axes,dedupe,calibrate`` (no ``verify``).
 
@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model.measurer.evaluate import evaluate, summarize
-from model.measurer.grouping import GroupingRule
-from model.measurer.pipeline import CheckpointMeasurer, InferenceOptions
-from model.measurer.pool import FolderSource
-from model.measurer.stages import stages_named
-from model.measurer.voting import FindVoting
+from model.measurer.data.sources import FolderSource
+from model.measurer.evaluate.scoring import evaluate, summarize
+from model.measurer.infer.grouping import GroupingRule
+from model.measurer.infer.pipeline import CheckpointMeasurer, InferenceOptions
+from model.measurer.infer.stages import stages_named
+from model.measurer.inputs.voting import FindVoting
 
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
 fields = json.loads(os.environ.get("OPTS", "{}"))

@@ -3,7 +3,7 @@
 :func:`crop_volume` is :mod:`ingestion.prepare`'s resampling step applied to a small, arbitrary
 grid instead of the whole volume: trilinear interpolation of the HU voxels through the full
 affine (obliquity and gantry-tilt shear included), with air outside the volume. The measurer's
-crops (``model.measurer.images.crop_around``) are made by it.
+crops (``model.measurer.inputs.images.crop_around``) are made by it.
 
 How it is done, with MONAI
 --------------------------

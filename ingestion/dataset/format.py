@@ -17,7 +17,7 @@ input (same source type and path) and keeps every other line: a dataset grows so
 Coordinates are DICOM patient coordinates (LPS, mm). A lesion's truth is RECIST: long axis and
 short axis on its measured slice (``ingestion.dataset.recist``), centre = the long axis'
 midpoint; a vessel's is one cross-section's diameter and centre. ``z_range_lps_mm`` is the
-finding's extent along z, used by the matching rule (``model.measurer.evaluate``).
+finding's extent along z, used by the matching rule (``model.measurer.evaluate.scoring``).
 """
 
 from __future__ import annotations

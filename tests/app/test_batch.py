@@ -65,8 +65,8 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="module")
 def measurer() -> Any:
     """The demo model (run_batch gives it the CPUs the loaders leave)."""
-    from model.measurer.checkpoint import default_checkpoint
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.checkpoint.settings import default_checkpoint
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     return CheckpointMeasurer.load(default_checkpoint())
 
@@ -525,7 +525,7 @@ def test_measuring_processes_store_what_this_process_stores(
 def test_measuring_processes_follow_the_cpus_and_the_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     model = default_checkpoint()
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
@@ -547,7 +547,7 @@ def test_measuring_processes_follow_the_cpus_and_the_memory(
 def test_without_gpu_device_files_the_batch_process_does_not_import_torch(
     tmp_path: Path,
 ) -> None:
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     ask = (
         "import sys\n"
@@ -613,7 +613,7 @@ def test_a_model_that_does_not_load_stops_the_batch_with_one_line(
     the batch stops, exit 2, with the model's error (as when it was loaded up front)."""
     import shutil
 
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     model = tmp_path / "model"
     shutil.copytree(default_checkpoint(), model)

@@ -13,7 +13,7 @@ from app.cli import app
 from app.cli_model import DATASET_BEGIN, DATASET_END
 from ingestion.dataset.format import read_dataset
 from ingestion.phantoms import write_phantoms
-from model.measurer.checkpoint import SETTINGS_NAME
+from model.measurer.checkpoint.settings import SETTINGS_NAME
 from tests.measurer_helpers import TINY
 
 runner = CliRunner()

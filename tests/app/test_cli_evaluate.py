@@ -104,7 +104,7 @@ def test_a_config_that_is_not_a_training_configuration_is_one_line_exit_2(
 def test_steps_split_over_the_stages_in_their_proportions(
     lengths: tuple[int, ...], expected: list[int]
 ) -> None:
-    from model.measurer.train import Stage, TrainConfig
+    from model.measurer.train.config import Stage, TrainConfig
 
     stages = tuple(Stage(f"s{i}", n, 1e-3, warmup_steps=1) for i, n in enumerate(lengths))
     config = TrainConfig.tiny(seed=0, stages=stages)

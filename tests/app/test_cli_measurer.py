@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from ingestion.phantoms import write_phantoms
-from model.measurer.checkpoint import SETTINGS_NAME, default_checkpoint
+from model.measurer.checkpoint.settings import SETTINGS_NAME, default_checkpoint
 
 from conftest import SeriesFactory
 from measurer_helpers import TINY, small_base_config
@@ -151,7 +151,7 @@ def test_train_base_model_runs_both_stages_and_names_the_run(tmp_path: Path, stu
     """`radcaliper train OUT --base-model DIR`: a local Qwen2.5-VL directory (here a tiny one
     with random weights) fine-tuned in its two stages, split by --steps in their proportions,
     the checkpoint named after the base model; it measures through `radcaliper measure`."""
-    from model.measurer.base import write_random_base_model
+    from model.measurer.checkpoint.base import write_random_base_model
 
     base = write_random_base_model(tmp_path / "qwen-tiny", "tiny", seed=0)
     small = small_base_config("unused", measure_batch=1)  # --base-model below replaces it

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from model.measurer.checkpoint import default_checkpoint
+from model.measurer.checkpoint.settings import default_checkpoint
 
 runner = CliRunner()
 

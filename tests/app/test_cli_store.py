@@ -15,8 +15,8 @@ from app.cli import app
 from db.engine import connect
 from db.migrate import head_revision, upgrade
 from ingestion.phantoms import write_phantoms
-from model.measurer.pool import PhantomSource
-from model.measurer.train import train
+from model.measurer.data.sources import PhantomSource
+from model.measurer.train.loop import train
 
 from measurer_helpers import TINY
 

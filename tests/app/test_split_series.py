@@ -191,7 +191,7 @@ def test_a_dataset_row_of_a_stack_loads_that_stack(stacks: list[Volume], tmp_pat
     with what to do, not given the first stack."""
     from ingestion.dataset.format import Dataset, DatasetStudy, ImageRef, Provenance, SourceType
     from ingestion.errors import IngestionError
-    from model.measurer.pool import load_dataset_volume
+    from model.measurer.data.sources import load_dataset_volume
 
     provenance = Provenance(SourceType.STORE, "sqlite:///store", "", "reviewers", "site data")
     image = ImageRef(str(tmp_path / "study"), "dicom", "CT")

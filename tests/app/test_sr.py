@@ -315,7 +315,7 @@ def test_export_sr_command(store: Store, volume: Volume, tmp_path: Path) -> None
 def test_a_demo_model_measurement_exports(tmp_path: Path) -> None:
     """The demo model's real result on a phantom DICOM study, measured and stored by the CLI."""
     from ingestion.phantoms import write_phantoms
-    from model.measurer.checkpoint import default_checkpoint
+    from model.measurer.checkpoint.settings import default_checkpoint
 
     assert default_checkpoint().is_dir(), f"the demo checkpoint is missing ({default_checkpoint()})"
     (study,) = write_phantoms(tmp_path / "ph", n=1, seed=4711)

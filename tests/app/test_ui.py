@@ -34,8 +34,7 @@ from db.models import AuditEvent, Review, Role
 from db.users import add_user
 from ingestion.load import load_path
 from ingestion.phantoms import write_phantoms
-from model.measurer.axes import finding_axes
-from model.measurer.pool import read_truth
+from model.measurer.data.sources import read_truth
 from model.measurer.results import (
     FindingKind,
     Measurement,
@@ -44,6 +43,7 @@ from model.measurer.results import (
     StudyFinding,
     StudyResult,
 )
+from model.measurer.tasks.axes import finding_axes
 
 # uvicorn's and Playwright's threads leave their sockets and loops to the garbage collector
 # at teardown; those warnings say nothing about radcaliper

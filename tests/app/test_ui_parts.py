@@ -205,8 +205,8 @@ def test_the_first_start_seeds_demo_studies_and_users(tmp_path: Path) -> None:
     from app.ui.demo import DEMO_USERS, seed_demo
     from db.models import Study, User
     from db.users import verify_password
-    from model.measurer.checkpoint import default_checkpoint
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.checkpoint.settings import default_checkpoint
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
     upgrade(url)
@@ -241,8 +241,8 @@ def test_the_first_start_also_measures_the_real_ct_where_the_machine_has_it(
     by its folder; without a shared folder there is none to add."""
     from app.ui.demo import DEMO_REAL_CASE, demo_real_study, seed_demo
     from db.models import Study
-    from model.measurer.checkpoint import default_checkpoint
-    from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.checkpoint.settings import default_checkpoint
+    from model.measurer.infer.pipeline import CheckpointMeasurer
 
     assert demo_real_study(tmp_path / "no-such-folder") is None
     real = demo_real_study()

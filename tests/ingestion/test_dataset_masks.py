@@ -343,7 +343,7 @@ def test_nrrd_image_with_seg_nrrd_labels_imports_as_its_nifti_pair(
     """A 3D Slicer case folder (image.nrrd + labels.seg.nrrd, LPS) gives the NIfTI pair's rows,
     and training's loader reads its image back."""
     from ingestion.dataset.format import read_dataset
-    from model.measurer.pool import load_dataset_volume
+    from model.measurer.data.sources import load_dataset_volume
 
     image, labels, label_file = pair
     lps = RAS_TO_LPS @ volume_to_nifti_affine(GEOMETRY)  # LPS over (i, j, k)

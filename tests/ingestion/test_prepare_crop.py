@@ -1,7 +1,7 @@
 """Crops resampled by MONAI (``ingestion.prepare.crop_volume``) equal the measurer's former crops.
 
-``reference_resample`` below is the hand-written resampler that ``model/measurer/images.py`` used
-before issue 23 (torch ``grid_sample`` on an air-padded block), kept here only as the reference
+``reference_resample`` below is the hand-written resampler that ``model/measurer/inputs/images.py``
+used before issue 23 (torch ``grid_sample`` on an air-padded block), kept here only as the reference
 the model's inputs are held to. ``exact`` is trilinear interpolation in float64 (scipy).
 
 Both resamplers sample in float32, so their sample positions carry rounding of about 1e-5 voxel;
@@ -32,8 +32,8 @@ from ingestion.nifti import load_nifti
 from ingestion.phantoms import PhantomSpec, generate_phantom
 from ingestion.prepare import crop_volume
 from ingestion.volume import Modality, Volume
-from model.measurer.data import phantom_volume
-from model.measurer.images import AIR_HU, crop_around
+from model.measurer.inputs.data import phantom_volume
+from model.measurer.inputs.images import AIR_HU, crop_around
 
 from conftest import volume_from_array
 

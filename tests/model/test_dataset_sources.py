@@ -1,4 +1,4 @@
-"""Training and evaluation read datasets (model.measurer.pool): DatasetSource on an imported
+"""Training and evaluation read datasets (model.measurer.data.pool): DatasetSource on an imported
 dataset, MixedSource's weighted and deterministic draws, ``--dataset`` specs, and what a study
 that is not annotated exhaustively gives the training pool."""
 
@@ -15,14 +15,9 @@ from ingestion.dataset.format import Label, read_dataset, write_import
 from ingestion.dataset.phantoms import import_phantoms
 from ingestion.errors import ConfigurationError, IngestionError
 from ingestion.phantoms import write_phantoms
-from model.measurer.pool import (
-    DatasetSource,
-    MixedSource,
-    PhantomSource,
-    StudyPool,
-    TrainingStudy,
-    parse_sources,
-)
+from model.measurer.data.pool import StudyPool
+from model.measurer.data.sources import DatasetSource, MixedSource, PhantomSource, parse_sources
+from model.measurer.data.study import TrainingStudy
 from model.measurer.results import FindingKind
 from tests.measurer_helpers import TINY
 
@@ -178,7 +173,7 @@ def test_the_series_is_found_in_a_folder_of_several(dataset: Path) -> None:
     """An image reference to a folder holding several series (a study folder, as a store's run
     records it) loads the row's series, each of them."""
     from ingestion.dataset.format import Dataset
-    from model.measurer.pool import load_dataset_volume
+    from model.measurer.data.sources import load_dataset_volume
 
     data = read_dataset(dataset)
     parent = Path(data.studies[0].image.path).parents[1]  # the phantoms folder: 3 series

@@ -148,10 +148,12 @@ def test_benchmark_uses_public_surface_only(path: Path) -> None:
         "from ingestion._lazy import lazy_exports",
         "setattr(measurer, '_find', wrapped)",
         "def test(monkeypatch):\n    monkeypatch.setitem(d, 'k', 1)",
-        "from model.measurer import pipeline\npipeline.group_detections = group",
-        "import model.measurer.pipeline\nmodel.measurer.pipeline.plane_detections = f",
-        "from model.measurer.pipeline import CheckpointMeasurer\ndel CheckpointMeasurer.measure",
-        "from unittest.mock import patch\nwith patch('model.measurer.stages.find'):\n    pass",
+        "from model.measurer.infer import pipeline\npipeline.group_detections = group",
+        "import model.measurer.infer.pipeline\nmodel.measurer.infer.pipeline.plane_detections = f",
+        "from model.measurer.infer.pipeline import CheckpointMeasurer\n"
+        "del CheckpointMeasurer.measure",
+        "from unittest.mock import patch\n"
+        "with patch('model.measurer.infer.stages.find'):\n    pass",
         "from unittest import mock\nfrom model.numeric import codec\n"
         "mock.patch.object(codec, 'decode', f)",
     ],
@@ -168,7 +170,7 @@ def test_private_uses_are_caught(snippet: str) -> None:
         "names = obj.__dict__, obj.__class__.__name__",
         "from _machine import describe_machine",
         "import sys\nsys.path.insert(0, 'x')",
-        "from model.measurer.stages import stages_named\nstages = stages_named(['find'])",
+        "from model.measurer.infer.stages import stages_named\nstages = stages_named(['find'])",
         "measurer.subscribe(recorder)\nresult = measurer.measure(v, source='s', trace=t)",
         "from unittest.mock import patch\nwith patch('os.cpu_count', return_value=1):\n    pass",
         "recorder.after['find'] = state.candidates",

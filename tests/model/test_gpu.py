@@ -16,12 +16,14 @@ import pytest
 import torch
 
 from ingestion.phantoms import generate_phantom, study_seed
-from model.measurer.checkpoint import default_checkpoint, load_checkpoint
-from model.measurer.data import collate, encode_example, phantom_examples, phantom_volume
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
-from model.measurer.tokenizer import special_ids
-from model.measurer.train import TrainConfig, train
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.checkpoint.weights import load_checkpoint
+from model.measurer.data.sources import PhantomSource
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.inputs.data import collate, encode_example, phantom_examples, phantom_volume
+from model.measurer.tasks.tokenizer import special_ids
+from model.measurer.train.config import TrainConfig
+from model.measurer.train.loop import train
 from model.numeric.hf import NumericLM
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The axes task (model.measurer.axes): texts round trip, labels land on the true end points,
+"""The axes task (model.measurer.tasks.axes): texts round trip, labels land on the true end points,
 training and inference carry it."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from ingestion.phantoms import generate_phantom
-from model.measurer.axes import (
+from model.measurer.inputs.data import MeasureInputs, axes_example, finding_patches, phantom_volume
+from model.measurer.results import FindingKind
+from model.measurer.tasks.axes import (
     ParsedAxes,
     axes_answer,
     axes_prompt,
@@ -16,9 +18,7 @@ from model.measurer.axes import (
     parse_axes,
     truth_segments,
 )
-from model.measurer.data import MeasureInputs, axes_example, finding_patches, phantom_volume
-from model.measurer.results import FindingKind
-from model.measurer.tokenizer import build_tokenizer
+from model.measurer.tasks.tokenizer import build_tokenizer
 
 INPUTS = MeasureInputs(pixel_mm=0.75, size=112, window=(40.0, 160.0), jitter_mm=0.0)
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
@@ -100,7 +100,7 @@ def test_an_axis_leaving_the_crop_gives_no_example() -> None:
 
 
 def test_the_pipeline_maps_answered_segments_back_to_patient_space() -> None:
-    from model.measurer.stages import segment_to_lps
+    from model.measurer.infer.stages import segment_to_lps
 
     phantom = generate_phantom(11)
     volume = phantom_volume(phantom)

@@ -1,4 +1,4 @@
-"""The real-checkpoint path (model.measurer.base): a tiny Qwen2.5-VL saved to a temporary
+"""The real-checkpoint path (model.measurer.checkpoint.base): a tiny Qwen2.5-VL saved to a temporary
 directory, as a local checkpoint would be, loads without a hub, gains [NUM], trains a projector
 stage then LoRA, resumes, and saves a merged checkpoint that loads and measures without peft."""
 
@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
 from model.backbone import QWEN_SPECIAL_TOKENS, published_qwen2_5_vl_kwargs
-from model.measurer.base import (
+from model.measurer.checkpoint.base import (
     add_lora,
     base_weights_hash,
     load_base_model,
@@ -24,19 +24,18 @@ from model.measurer.base import (
     qwen_like_tokenizer,
     write_random_base_model,
 )
-from model.measurer.checkpoint import (
-    BaseReference,
-    MeasurerSettings,
-    NumericMode,
+from model.measurer.checkpoint.settings import BaseReference, MeasurerSettings, NumericMode
+from model.measurer.checkpoint.weights import (
     export_checkpoint,
     load_checkpoint,
     save_delta_checkpoint,
 )
-from model.measurer.data import phantom_volume
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
-from model.measurer.tokenizer import NUM
-from model.measurer.train import StepReport, train
+from model.measurer.data.sources import PhantomSource
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.inputs.data import phantom_volume
+from model.measurer.tasks.tokenizer import NUM
+from model.measurer.train.config import StepReport
+from model.measurer.train.loop import train
 
 from measurer_helpers import small_base_config
 
@@ -296,7 +295,7 @@ def test_a_delta_is_stored_in_its_base_models_dtype(tmp_path: Path) -> None:
     the dtype is read from the safetensors headers, mostly-bf16 winning over a float32 rest."""
     from safetensors.torch import save_file
 
-    from model.measurer.base import base_weights_dtype
+    from model.measurer.checkpoint.base import base_weights_dtype
 
     save_file(
         {"a": torch.zeros(64, dtype=torch.bfloat16), "b": torch.zeros(8)},
@@ -332,8 +331,8 @@ def test_a_real_checkpoints_prompts_are_in_its_chat_format(tmp_path: Path) -> No
     keeps the template, so a trained checkpoint prompts the same way."""
     from tokenizers import AddedToken
 
-    from model.measurer.data import MeasureExample, encode_example
-    from model.measurer.tokenizer import build_tokenizer, chat_prompt, special_ids
+    from model.measurer.inputs.data import MeasureExample, encode_example
+    from model.measurer.tasks.tokenizer import build_tokenizer, chat_prompt, special_ids
 
     tokenizer = qwen_like_tokenizer(released_ids=False)
     tokenizer.add_tokens([AddedToken(NUM, normalized=False, special=False)])  # as loading does
@@ -364,7 +363,7 @@ def test_a_real_checkpoints_prompts_are_in_its_chat_format(tmp_path: Path) -> No
     assert encoded.num_values == (32.5, 18.0)
 
     tokenizer.save_pretrained(tmp_path / "tok")
-    from model.measurer.tokenizer import load_tokenizer
+    from model.measurer.tasks.tokenizer import load_tokenizer
 
     assert chat_prompt(load_tokenizer(tmp_path / "tok"), "x") == chat_prompt(tokenizer, "x")
     plain = build_tokenizer()  # the default model: the bare layout, as it was trained

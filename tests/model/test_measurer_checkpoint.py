@@ -15,18 +15,12 @@ from ingestion.phantoms import generate_phantom
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
-from model.measurer.calibration import DecodeCheck, fit_calibration
-from model.measurer.checkpoint import (
-    SETTINGS_NAME,
-    MeasurerSettings,
-    NumericMode,
-    build_head,
-    load_checkpoint,
-    save_checkpoint,
-)
-from model.measurer.data import MeasureInputs, collate, encode_example, phantom_examples
-from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
-from model.measurer.voting import FindVoting
+from model.measurer.calibrate.calibration import DecodeCheck, fit_calibration
+from model.measurer.checkpoint.settings import SETTINGS_NAME, MeasurerSettings, NumericMode
+from model.measurer.checkpoint.weights import build_head, load_checkpoint, save_checkpoint
+from model.measurer.inputs.data import MeasureInputs, collate, encode_example, phantom_examples
+from model.measurer.inputs.voting import FindVoting
+from model.measurer.tasks.tokenizer import VOCAB, build_tokenizer, special_ids
 from model.numeric.hf import NumericLM
 
 INPUTS = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=0.0)

@@ -1,5 +1,5 @@
-"""Measure-task inputs (model.measurer.data): phantom crops, tokens, batches, and one training
-step of the real tiny Circle-RoPE Qwen2.5-VL with the RNED head on them."""
+"""Measure-task inputs (model.measurer.inputs.data): phantom crops, tokens, batches, and one
+training step of the real tiny Circle-RoPE Qwen2.5-VL with the RNED head on them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ingestion.volume import SourceFormat
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
-from model.measurer.data import (
+from model.measurer.inputs.data import (
     IGNORE,
     MeasureInputs,
     collate,
@@ -23,11 +23,11 @@ from model.measurer.data import (
     phantom_examples,
     phantom_volume,
 )
-from model.measurer.find import FindInputs
-from model.measurer.images import image_token_count
+from model.measurer.inputs.find import FindInputs
+from model.measurer.inputs.images import image_token_count
 from model.measurer.results import FindingKind
-from model.measurer.tasks import parse_measure, with_values
-from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.measurer.tasks.text import parse_measure, with_values
+from model.measurer.tasks.tokenizer import VOCAB, build_tokenizer, special_ids
 from model.numeric.codec import RotaryNumberCodec
 from model.numeric.hf import NumericLM
 from model.numeric.rned_head import RnedHead

@@ -28,20 +28,20 @@ from ingestion.volume import Modality, Volume
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
-from model.measurer.checkpoint import (
+from model.measurer.checkpoint.domain import DataSource, Domain, DomainContrast, check
+from model.measurer.checkpoint.settings import (
     CARD_NAME,
     SETTINGS_NAME,
     MeasurerSettings,
     NumericMode,
     default_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
     write_settings,
 )
-from model.measurer.domain import DataSource, Domain, DomainContrast, check
-from model.measurer.pool import DatasetSource, MixedSource, PhantomSource
-from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
-from model.measurer.train import domain_for_training, train
+from model.measurer.checkpoint.weights import load_checkpoint, save_checkpoint
+from model.measurer.data.sources import DatasetSource, MixedSource, PhantomSource
+from model.measurer.tasks.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.measurer.train.domain import domain_for_training
+from model.measurer.train.loop import train
 from tests.measurer_helpers import TINY
 
 from conftest import SeriesFactory

@@ -1,4 +1,5 @@
-"""Held-out evaluation (model.measurer.evaluate): the spec's matching rule and the metrics."""
+"""Held-out evaluation (model.measurer.evaluate.scoring): the spec's matching rule and the
+metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 
 from ingestion.phantoms import TruthFinding
-from model.measurer.evaluate import (
+from model.measurer.evaluate.scoring import (
     MatchedMeasurement,
     StudyOutcome,
     calibration_pairs,

@@ -1,5 +1,5 @@
-"""Find-task inputs (model.measurer.find) and their grouping into 3-D findings
-(model.measurer.grouping): labels drawn from the truth land where the findings are."""
+"""Find-task inputs (model.measurer.inputs.find) and their grouping into 3-D findings
+(model.measurer.infer.grouping): labels drawn from the truth land where the findings are."""
 
 from __future__ import annotations
 
@@ -11,8 +11,17 @@ import pytest
 import torch
 
 from ingestion.phantoms import Phantom, TruthFinding, generate_phantom
-from model.measurer.data import encode_example, phantom_volume
-from model.measurer.find import (
+from model.measurer.infer.grouping import (
+    Detection,
+    GroupedFinding,
+    GroupingRule,
+    group_detections,
+    merge_duplicates,
+    merge_groups,
+    plane_detections,
+)
+from model.measurer.inputs.data import encode_example, phantom_volume
+from model.measurer.inputs.find import (
     VISIBLE_FRACTION,
     FindInputs,
     find_frames,
@@ -22,19 +31,10 @@ from model.measurer.find import (
     prepare_find_field,
     with_context,
 )
-from model.measurer.grouping import (
-    Detection,
-    GroupedFinding,
-    GroupingRule,
-    group_detections,
-    merge_duplicates,
-    merge_groups,
-    plane_detections,
-)
-from model.measurer.images import image_token_count, patchify_frames
+from model.measurer.inputs.images import image_token_count, patchify_frames
 from model.measurer.results import FindingKind
-from model.measurer.tasks import parse_find
-from model.measurer.tokenizer import build_tokenizer, special_ids
+from model.measurer.tasks.text import parse_find
+from model.measurer.tasks.tokenizer import build_tokenizer, special_ids
 from model.numeric.text import to_num_text
 
 INPUTS = FindInputs()

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from model.measurer.grammar import find_answer_automaton
-from model.measurer.tasks import parse_find, with_values
-from model.measurer.tokenizer import build_tokenizer, special_ids
+from model.measurer.tasks.grammar import find_answer_automaton
+from model.measurer.tasks.text import parse_find, with_values
+from model.measurer.tasks.tokenizer import build_tokenizer, special_ids
 from model.numeric.generation import TokenAutomaton
 
 LIMIT = 80

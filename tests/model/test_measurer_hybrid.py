@@ -1,4 +1,4 @@
-"""Hybrid training data (model.measurer.hybrid): real CT backgrounds from the shared data
+"""Hybrid training data (model.measurer.data.hybrid): real CT backgrounds from the shared data
 (``../shared/data``, read in place), synthetic lesions inserted, truth measured from the label
 map. Backgrounds are cropped to small parts to keep the tests fast."""
 
@@ -25,13 +25,13 @@ from ingestion.dataset.format import (
 from ingestion.dataset.masks import findings_from_labels
 from ingestion.errors import ConfigurationError
 from ingestion.geometry import Geometry
-from model.measurer._augment import (
+from model.measurer.data._augment import (
     Augmentation,
     draw_augmentation,
     resample_in_plane,
     thicken_slices,
 )
-from model.measurer._insert import (
+from model.measurer.data._insert import (
     GAP_MM,
     MIN_CNR,
     LesionShape,
@@ -40,7 +40,7 @@ from model.measurer._insert import (
     occupancy,
     tissue_maps,
 )
-from model.measurer.hybrid import (
+from model.measurer.data.hybrid import (
     Background,
     HybridSource,
     choose_backgrounds,
@@ -48,7 +48,7 @@ from model.measurer.hybrid import (
     survey_backgrounds,
     write_hybrid_dataset,
 )
-from model.measurer.pool import MixedSource, PhantomSource, parse_sources
+from model.measurer.data.sources import MixedSource, PhantomSource, parse_sources
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 NON_COMMERCIAL = {"lung1_001_gtv", "ibsi_ct_lung_gtv"}
@@ -396,7 +396,7 @@ def test_held_out_backgrounds_are_never_used(abdomen: Background, limb: Backgrou
 
 
 def test_written_dataset_reads_back(limb: Background, tmp_path: Path) -> None:
-    from model.measurer.pool import DatasetSource
+    from model.measurer.data.sources import DatasetSource
 
     source = HybridSource([limb], seed=2, lesions_per_study=(1, 2))
     progress: list[int] = []

@@ -23,7 +23,7 @@ from ingestion.phantoms import Phantom, PhantomSpec, TruthFinding, generate_phan
 from ingestion.prepare import PrepareConfig, PreparedVolume, prepare_volume
 from ingestion.volume import Volume
 from model.backbone import tiny_qwen2_5_vl_kwargs
-from model.measurer.images import (
+from model.measurer.inputs.images import (
     AIR_HU,
     CHANNELS,
     IMAGE_MEAN,

@@ -12,13 +12,14 @@ from ingestion.phantoms import generate_phantom
 from model.backbone import tiny_qwen2_5_vl_kwargs
 from model.circle_rope.config import CircleRopeQwen2_5_VLConfig
 from model.circle_rope.modeling import CircleRopeQwen2_5_VLForConditionalGeneration
-from model.measurer.calibration import fit_calibration
-from model.measurer.checkpoint import NumericMode, build_head
-from model.measurer.data import MeasureInputs, phantom_examples
-from model.measurer.inference import measure_findings, outcome_for
+from model.measurer.calibrate.calibration import fit_calibration
+from model.measurer.checkpoint.settings import NumericMode
+from model.measurer.checkpoint.weights import build_head
+from model.measurer.infer.inference import measure_findings, outcome_for
+from model.measurer.inputs.data import MeasureInputs, phantom_examples
 from model.measurer.results import NOT_MEASURABLE, FindingKind, MeasurementName
-from model.measurer.tasks import parse_measure
-from model.measurer.tokenizer import VOCAB, build_tokenizer, special_ids
+from model.measurer.tasks.text import parse_measure
+from model.measurer.tasks.tokenizer import VOCAB, build_tokenizer, special_ids
 from model.numeric.hf import NumericLM
 
 INPUTS = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=0.0)

@@ -1,4 +1,4 @@
-"""The paper's metrics (model.measurer.metrics) on hand-made items."""
+"""The paper's metrics (model.measurer.evaluate.metrics) on hand-made items."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from model.measurer.metrics import (
+from model.measurer.evaluate.metrics import (
     NumericItem,
     bootstrap_intervals,
     common_items,

@@ -1,5 +1,5 @@
-"""The detection operating point (model.measurer.operating): the detection curve over presence
-thresholds, re-matched at each, and the threshold fitted for a budget of false findings."""
+"""The detection operating point (model.measurer.calibrate.operating): the detection curve over
+presence thresholds, re-matched at each, and the threshold fitted for a budget of false findings."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 
 from ingestion.phantoms import TruthFinding
-from model.measurer.calibration import DetectionThreshold
-from model.measurer.evaluate import StudyOutcome, match_findings
-from model.measurer.operating import OperatingPoint, detection_curve, fit_detection_threshold
+from model.measurer.calibrate.calibration import DetectionThreshold
+from model.measurer.calibrate.operating import (
+    OperatingPoint,
+    detection_curve,
+    fit_detection_threshold,
+)
+from model.measurer.evaluate.scoring import StudyOutcome, match_findings
 from model.measurer.results import (
     FindingKind,
     Measurement,

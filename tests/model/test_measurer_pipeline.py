@@ -1,5 +1,5 @@
-"""The checkpoint measurer (model.measurer.pipeline): what it refuses, what every result carries,
-and, with the shipped demo model, that it finds and measures phantom findings."""
+"""The checkpoint measurer (model.measurer.infer.pipeline): what it refuses, what every result
+carries, and, with the shipped demo model, that it finds and measures phantom findings."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ import torch
 from ingestion.errors import ModelError
 from ingestion.phantoms import generate_phantom, study_seed
 from ingestion.volume import Modality, Volume
-from model.measurer.checkpoint import default_checkpoint
-from model.measurer.data import collate, encode_example, phantom_volume, point_example
-from model.measurer.evaluate import match_findings
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
+from model.measurer.checkpoint.settings import default_checkpoint
+from model.measurer.data.sources import PhantomSource
+from model.measurer.evaluate.scoring import match_findings
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.inputs.data import collate, encode_example, phantom_volume, point_example
 from model.measurer.protocol import Measurer
 from model.measurer.results import NOT_MEASURABLE
-from model.measurer.tasks import NONE_WORD
-from model.measurer.tokenizer import special_ids
-from model.measurer.train import Stage, train
+from model.measurer.tasks.text import NONE_WORD
+from model.measurer.tasks.tokenizer import special_ids
+from model.measurer.train.config import Stage
+from model.measurer.train.loop import train
 
 from measurer_helpers import tiny_config
 

@@ -8,8 +8,8 @@ import pytest
 
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
-from model.measurer.inference import MeasureOutcome
-from model.measurer.planes import best_plane, search_points
+from model.measurer.infer.inference import MeasureOutcome
+from model.measurer.infer.planes import best_plane, search_points
 from model.measurer.results import FindingKind, Measurement, MeasurementName
 
 

@@ -1,4 +1,5 @@
-"""Training material (model.measurer.pool): sources of studies, the rolling pool, point examples."""
+"""Training material (model.measurer.data.pool): sources of studies, the rolling pool, point
+examples."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import pytest
 
 from ingestion.errors import ConfigurationError
 from ingestion.phantoms import generate_phantom, study_seed, write_phantoms
-from model.measurer.data import MeasureInputs, background_patches, finding_patches, phantom_volume
-from model.measurer.find import FindInputs
-from model.measurer.pool import (
-    FolderSource,
-    PhantomSource,
-    StudyPool,
-    TrainingStudy,
-    read_truth,
+from model.measurer.data.pool import StudyPool
+from model.measurer.data.sources import FolderSource, PhantomSource, read_truth
+from model.measurer.data.study import TrainingStudy
+from model.measurer.inputs.data import (
+    MeasureInputs,
+    background_patches,
+    finding_patches,
+    phantom_volume,
 )
+from model.measurer.inputs.find import FindInputs
 from model.measurer.results import FindingKind
-from model.measurer.tasks import parse_find, parse_point
+from model.measurer.tasks.text import parse_find, parse_point
 
 MEASURE = MeasureInputs(pixel_mm=1.5, size=56, window=(40.0, 160.0), jitter_mm=2.0)
 FIND = FindInputs(pixel_mm=3.0, size=112)

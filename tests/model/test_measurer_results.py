@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from model.measurer.calibration import (
+from model.measurer.calibrate.calibration import (
     Calibration,
     DecodeCheck,
     ScoreKind,

@@ -1,5 +1,5 @@
-"""Inference as named stages (model.measurer.stages): the list, the trace hook, what each stage
-does with the model's answers, and that no image rule adds or changes a finding.
+"""Inference as named stages (model.measurer.infer.stages): the list, the trace hook, what each
+stage does with the model's answers, and that no image rule adds or changes a finding.
 
 The model's answers are fixed here (:class:`FixedAnswers`): these tests are about the logic
 around them, not about a model; the real checkpoints run in test_measurer_pipeline.
@@ -18,32 +18,34 @@ import torch
 
 from ingestion.geometry import Geometry
 from ingestion.volume import Volume
-from model.measurer.calibration import DecodeCheck, DetectionThreshold, fit_calibration
-from model.measurer.checkpoint import MeasurerSettings, NumericMode
-from model.measurer.dedupe import one_report_per_object
-from model.measurer.find import FindInputs
-from model.measurer.grouping import GroupedFinding
-from model.measurer.inference import Answer, MeasureOutcome
-from model.measurer.results import FindingKind, Measurement, MeasurementName
-from model.measurer.stages import (
+from model.measurer.calibrate.calibration import DecodeCheck, DetectionThreshold, fit_calibration
+from model.measurer.checkpoint.settings import MeasurerSettings, NumericMode
+from model.measurer.infer.dedupe import one_report_per_object
+from model.measurer.infer.grouping import GroupedFinding
+from model.measurer.infer.inference import Answer, MeasureOutcome
+from model.measurer.infer.stages import (
     ALL_STAGES,
-    Candidate,
-    InferenceOptions,
-    StudyState,
-    TraceEvent,
     calibrate,
     default_stages,
     find,
     measure,
     merge,
     recentre,
-    run_stages,
     stages_named,
     verify,
 )
-from model.measurer.tasks import FoundFinding
-from model.measurer.tiles import merge_tiles, tile_starts
-from model.measurer.voting import FindVoting
+from model.measurer.infer.state import (
+    Candidate,
+    InferenceOptions,
+    StudyState,
+    TraceEvent,
+    run_stages,
+)
+from model.measurer.inputs.find import FindInputs
+from model.measurer.inputs.tiles import merge_tiles, tile_starts
+from model.measurer.inputs.voting import FindVoting
+from model.measurer.results import FindingKind, Measurement, MeasurementName
+from model.measurer.tasks.text import FoundFinding
 
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
 FIND_INPUTS = FindInputs(pixel_mm=1.0, size=56)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from model.measurer.results import FindingKind
-from model.measurer.tasks import (
+from model.measurer.tasks.text import (
     FoundFinding,
     MeasureAnswer,
     ParsedFind,
@@ -27,7 +27,7 @@ from model.measurer.tasks import (
     point_prompt,
     with_values,
 )
-from model.measurer.tokenizer import VOCAB, build_tokenizer
+from model.measurer.tasks.tokenizer import VOCAB, build_tokenizer
 from model.numeric.text import NUM_TOKEN, to_num_text
 
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL

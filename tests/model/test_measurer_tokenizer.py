@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from model.backbone import tiny_qwen2_5_vl_kwargs
-from model.measurer.tokenizer import (
+from model.measurer.tasks.tokenizer import (
     BOS,
     EOS,
     IMAGE_PAD,

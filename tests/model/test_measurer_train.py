@@ -1,5 +1,5 @@
-"""Training (model.measurer.train): a few steps of the real tiny model on phantoms; the same seed
-gives the same weights, an interrupted run resumes to exactly the uninterrupted result."""
+"""Training (model.measurer.train.loop): a few steps of the real tiny model on phantoms; the same
+seed gives the same weights, an interrupted run resumes to exactly the uninterrupted result."""
 
 from __future__ import annotations
 
@@ -12,21 +12,17 @@ import torch
 from safetensors.torch import load_file
 
 from ingestion.errors import ConfigurationError
-from model.measurer.checkpoint import SETTINGS_NAME, load_checkpoint
-from model.measurer.data import MeasureInputs
-from model.measurer.find import FindInputs
-from model.measurer.pipeline import CheckpointMeasurer
-from model.measurer.pool import PhantomSource
-from model.measurer.stages import InferenceOptions, TraceEvent
-from model.measurer.train import (
-    STATE_DIR,
-    PoolSettings,
-    Stage,
-    StepReport,
-    TrainConfig,
-    train,
-)
-from model.measurer.voting import FindVoting
+from model.measurer.checkpoint.settings import SETTINGS_NAME
+from model.measurer.checkpoint.weights import load_checkpoint
+from model.measurer.data.sources import PhantomSource
+from model.measurer.infer.pipeline import CheckpointMeasurer
+from model.measurer.infer.state import InferenceOptions, TraceEvent
+from model.measurer.inputs.data import MeasureInputs
+from model.measurer.inputs.find import FindInputs
+from model.measurer.inputs.voting import FindVoting
+from model.measurer.train.config import PoolSettings, Stage, StepReport, TrainConfig
+from model.measurer.train.loop import train
+from model.measurer.train.state import STATE_DIR
 
 from measurer_helpers import tiny_config
 
@@ -223,7 +219,8 @@ def test_a_model_with_3d_find_context_trains_and_measures(tmp_path: Path) -> Non
 def test_head_extra_reaches_the_numeric_head_and_round_trips() -> None:
     """``head_extra`` overrides the head's constructor options (the RND decoder's p ablation
     of benchmarks/bench_rned.py) and is stored with the configuration."""
-    from model.measurer.checkpoint import NumericMode, build_head
+    from model.measurer.checkpoint.settings import NumericMode
+    from model.measurer.checkpoint.weights import build_head
 
     config = TrainConfig.tiny(numeric_mode=NumericMode.RNED_RND, head_extra={"p": 0.5})
     options = config.head_options()

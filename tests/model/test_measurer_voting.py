@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.measurer.images import SIDE_MULTIPLE
-from model.measurer.results import FindingKind
-from model.measurer.tasks import FoundFinding
-from model.measurer.voting import (
+from model.measurer.inputs.images import SIDE_MULTIPLE
+from model.measurer.inputs.voting import (
     FindVoting,
     agreement_reach,
     is_alias,
@@ -16,6 +14,8 @@ from model.measurer.voting import (
     unshift_findings,
     vote_boxes,
 )
+from model.measurer.results import FindingKind
+from model.measurer.tasks.text import FoundFinding
 
 LESION, VESSEL = FindingKind.LESION, FindingKind.VESSEL
 TOKEN = float(SIDE_MULTIPLE)

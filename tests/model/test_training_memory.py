@@ -1,4 +1,4 @@
-"""Memory that fits: the estimator (model.measurer.memory) against the released shapes and
+"""Memory that fits: the estimator (model.measurer.train.memory) against the released shapes and
 against autograd's own saved tensors, and the levers it counts (gradient checkpointing,
 accumulation, bf16 frozen weights) on a tiny local Qwen2.5-VL, trained on the CPU."""
 
@@ -13,16 +13,17 @@ import pytest
 import torch
 
 from model.backbone import published_qwen2_5_vl_kwargs
-from model.measurer.base import add_lora, load_base_model, write_random_base_model
-from model.measurer.checkpoint import load_checkpoint
-from model.measurer.memory import (
+from model.measurer.checkpoint.base import add_lora, load_base_model, write_random_base_model
+from model.measurer.checkpoint.weights import load_checkpoint
+from model.measurer.data.sources import PhantomSource
+from model.measurer.train.config import StepReport, TrainConfig
+from model.measurer.train.loop import train
+from model.measurer.train.memory import (
     GIB,
     ModelShape,
     estimate_training_memory,
     layer_bytes_per_token,
 )
-from model.measurer.pool import PhantomSource
-from model.measurer.train import StepReport, TrainConfig, train
 
 from measurer_helpers import small_base_config
 
