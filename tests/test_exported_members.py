@@ -10,11 +10,13 @@ PACKAGES = [
     "app",
     "ingestion",
     "ingestion.dataset",
+    "ingestion.dicom",
     "model",
     "model.numeric",
     "model.circle_rope",
     "model.measurer",
     "db",
+    "db.audit",
 ]
 
 
@@ -29,11 +31,13 @@ def test_all_names_resolve(name: str) -> None:
 LAZY_PACKAGES = [
     "ingestion",
     "ingestion.dataset",
+    "ingestion.dicom",
     "model",
     "model.numeric",
     "model.circle_rope",
     "model.measurer",
     "db",
+    "db.audit",
 ]
 
 
