@@ -176,8 +176,8 @@ def db_upgrade(
     exit 2 naming the first difference, when it does not: a migration never records rows
     changed outside radcaliper as trusted. The migration is recorded in the audit log.
     """
-    from db.engine import redacted
-    from db.migrate import current, upgrade
+    from db.engine import current, redacted
+    from db.migrate import upgrade
 
     url, _ = _url(ctx, db)
     checked(lambda: upgrade(url, revision, actor=cli_actor()))
@@ -195,8 +195,8 @@ def db_downgrade(
     Like 'db upgrade', it first checks that the audit log vouches for the database (exit 2
     naming the first difference when it does not), and records the migration in the log.
     """
-    from db.engine import redacted
-    from db.migrate import current, downgrade
+    from db.engine import current, redacted
+    from db.migrate import downgrade
 
     url, _ = _url(ctx, db)
     checked(lambda: downgrade(url, revision, actor=cli_actor()))
@@ -207,8 +207,8 @@ def db_downgrade(
 @db_app.command("current")
 def db_current(ctx: typer.Context, db: DbOption = None) -> None:
     """Show the database's schema revision and the one this radcaliper needs."""
-    from db.engine import redacted
-    from db.migrate import current, head_revision
+    from db.engine import current, redacted
+    from db.migrate import head_revision
 
     url, _ = _url(ctx, db)
     revision = checked(lambda: current(url))

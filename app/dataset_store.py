@@ -44,7 +44,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from db.coverage import canonical_time
+from db.audit.coverage import canonical_time
 from db.engine import Store, connect, in_memory, open_store
 from db.models import ReviewStatus
 from db.training import ReviewedFinding, ReviewedMeasurement, Segment, reviewed_findings

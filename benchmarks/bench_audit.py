@@ -14,7 +14,7 @@ For each backend:
    study, series, run and findings, one ``measurement.created`` event per measurement, and 5 %
    of the measurements accepted by a reviewer (a review row, its ``review.accept`` event and the
    measurement's ``measurement.accepted`` event). The events form a *valid* chain: their hashes
-   come from ``db.audit.event_hash`` and their row states from the ``db.coverage`` state
+   come from ``db.audit.event_hash`` and their row states from the ``db.audit.coverage`` state
    functions, exactly as the store writes them. The SQLite file is kept under ``--cache``
    (``runs/`` is not tracked); the PostgreSQL database is kept as
    ``radcaliper_bench_audit_<N>_v<fill version>``.
@@ -60,7 +60,7 @@ from _machine import load, machine
 from sqlalchemy import Table, insert, select, text, update
 
 from db.audit import GENESIS, event_hash
-from db.coverage import (
+from db.audit.coverage import (
     measurement_state,
     review_state,
     states_detail,

@@ -22,20 +22,20 @@ if TYPE_CHECKING:
         review_state,
         verify,
     )
-    from db.coverage import (
+    from db.audit.coverage import (
         COVERED_TABLES,
         row_state,
     )
     from db.engine import (
         Store,
         connect,
+        current,
         open_store,
         redacted,
         session_scope,
     )
     from db.migrate import (
         alembic_config,
-        current,
         downgrade,
         head_revision,
         upgrade,
@@ -104,20 +104,20 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "review_state",
         "verify",
     ),
-    "db.coverage": (
+    "db.audit.coverage": (
         "COVERED_TABLES",
         "row_state",
     ),
     "db.engine": (
         "Store",
         "connect",
+        "current",
         "open_store",
         "redacted",
         "session_scope",
     ),
     "db.migrate": (
         "alembic_config",
-        "current",
         "downgrade",
         "head_revision",
         "upgrade",

@@ -4,7 +4,8 @@
   timeout, and ``BEGIN IMMEDIATE`` for write transactions, so that concurrent writers queue for
   the database lock instead of failing half-way (readers are never blocked in WAL mode).
 - PostgreSQL: ``postgresql://`` URLs use the psycopg (3) driver.
-- ``open_store(url)`` checks that the schema is this radcaliper's (Alembic head) and raises
+- ``current(url)`` reads a database's schema revision; ``open_store(url)`` checks that the
+  schema is this radcaliper's (Alembic head) and raises
   ``SchemaVersionError`` with what to do (``radcaliper db upgrade``); with ``create_if_empty`` a
   database without any table (a new SQLite file, an empty PostgreSQL database) gets the schema,
   with one log line.
@@ -31,10 +32,20 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from db.audit.coverage import revision_number
+from db.migrate import SCHEMA_HEAD, stored_revision, upgrade
 from db.private_paths import check_private_path, make_private_dirs
 from ingestion.errors import SchemaVersionError, StorageError
 
-__all__ = ["Store", "connect", "in_memory", "open_store", "redacted", "session_scope"]
+__all__ = [
+    "Store",
+    "connect",
+    "current",
+    "in_memory",
+    "open_store",
+    "redacted",
+    "session_scope",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -173,15 +184,11 @@ def session_scope(session: Session) -> Iterator[Session]:
 
 
 def _current_revision(engine: Engine) -> str | None:
-    from db.migrate import stored_revision
-
     with engine.connect() as connection:
         return stored_revision(connection)
 
 
 def _earlier(revision: str, head: str) -> bool:
-    from db.coverage import revision_number
-
     try:
         return revision_number(revision) < revision_number(head)
     except ValueError:
@@ -204,8 +211,6 @@ def open_store(url: str, *, create_if_empty: bool = False, earlier_schema: bool 
         SchemaVersionError: no radcaliper schema, or another version of it.
         ConfigurationError: an SQLite file that another user owns or may change.
     """
-    from db.migrate import SCHEMA_HEAD, upgrade
-
     engine = connect(url)
     try:
         current = _current_revision(engine)
@@ -238,3 +243,15 @@ def open_store(url: str, *, create_if_empty: bool = False, earlier_schema: bool 
             f"'radcaliper db upgrade --db {redacted(url)}'"
         )
     return Store(engine, url)
+
+
+def current(url: str) -> str | None:
+    """The database's revision, or None when it has no radcaliper schema."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = connect(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

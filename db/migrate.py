@@ -1,17 +1,23 @@
-"""Schema migrations (Alembic): ``upgrade``, ``downgrade``, ``current`` and the head revision.
+"""Schema migrations (Alembic): ``upgrade``, ``downgrade``, the head revision and the revision a
+database stores (``db.engine.current`` opens a database and reads it).
 
 The migration scripts live in ``db/migrations`` (package data); they are driven from Python with
 the database URL given, so ``radcaliper db upgrade`` needs no ``alembic.ini``.
 
 **A migration never launders.** Before it migrates a database that has a schema, the
 migration environment (``db/migrations/env.py``) checks in the migration's own transaction
-that the audit log vouches for what the database holds (:func:`check_before_migrating`: the
+that the audit log vouches for what the database holds
+(:func:`db.migration_ops.check_before_migrating`: the
 chain, every row the log covers at the database's schema, the log's guards, and that the
 schema the log says the database is at is the one its version table says), and refuses with
 :class:`MigrationRefusedError` naming the first difference when it does not: otherwise a
 migration that records existing rows as a baseline (0003) would turn rows changed outside
 radcaliper into trusted ones. After migrating it records a ``schema.upgraded`` or
-``schema.downgraded`` event (from, to), signed off by the actor.
+``schema.downgraded`` event (from, to), signed off by the actor
+(:func:`db.migration_ops.record_schema_change`).
+
+This module imports no other radcaliper module: :mod:`db.engine` (which opens a store and
+checks its schema against :data:`SCHEMA_HEAD`) builds on it.
 
 Alembic is imported by the functions that migrate, not by this module: opening a store checks
 the schema against :data:`SCHEMA_HEAD` and reads the stored revision with one query
@@ -30,12 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA_HEAD",
+    "VERSION_TABLE",
     "alembic_config",
-    "check_before_migrating",
-    "current",
     "downgrade",
     "head_revision",
-    "record_schema_change",
     "stored_revision",
     "upgrade",
 ]
@@ -46,7 +50,7 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # scripts (tests/db/test_migrations.py checks that they agree). A new migration moves it.
 SCHEMA_HEAD = "0004"
 
-_VERSION_TABLE = "alembic_version"
+VERSION_TABLE = "alembic_version"
 
 
 def alembic_config(url: str, *, actor: str | None = None) -> Config:
@@ -99,78 +103,11 @@ def stored_revision(connection: Connection) -> str | None:
     makes) is left to Alembic, which refuses it."""
     from sqlalchemy import inspect, text
 
-    if not inspect(connection).has_table(_VERSION_TABLE):
+    if not inspect(connection).has_table(VERSION_TABLE):
         return None
-    rows = connection.execute(text(f"SELECT version_num FROM {_VERSION_TABLE}")).scalars().all()
+    rows = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
     if len(rows) > 1:
         from alembic.runtime.migration import MigrationContext
 
         return MigrationContext.configure(connection).get_current_revision()
     return rows[0] if rows else None
-
-
-def check_before_migrating(connection: Connection, revision: str | None) -> None:
-    """Refuse (:class:`MigrationRefusedError`) to migrate the database of ``connection`` (at
-    schema ``revision``, in the migration's transaction) unless its audit log vouches for it:
-    the full :func:`db.audit.verify` at that schema. A database without a version but with
-    radcaliper's tables (its version was removed) is refused too; one without any is new."""
-    from sqlalchemy import inspect
-    from sqlalchemy.orm import Session
-
-    from db.audit_verify import run
-    from ingestion.errors import MigrationRefusedError
-
-    if revision is None:
-        if inspect(connection).has_table("audit_events"):
-            raise MigrationRefusedError(
-                "refused to migrate: the database has radcaliper's tables but no schema "
-                f"version (the {_VERSION_TABLE} table is missing or empty): it was removed "
-                "outside radcaliper. Restore the database from a backup"
-            )
-        return
-    with Session(bind=connection) as session:
-        report = run(session, None, None, 1)
-    if not report.ok:
-        raise MigrationRefusedError(
-            f"refused to migrate from schema {revision}: the audit log does not vouch for the "
-            f"database: {report.problem}. Migrating would record what the database holds "
-            "as trusted: find out what changed ('radcaliper audit verify', 'radcaliper audit "
-            "log') and restore the database from a backup taken before it"
-        )
-
-
-def record_schema_change(
-    connection: Connection, before: str | None, after: str | None, *, actor: str
-) -> None:
-    """Record in the audit log that the schema went from ``before`` to ``after`` (nothing when
-    it did not change, or when no audit log is left: a downgrade to base)."""
-    from sqlalchemy import inspect
-
-    from db.audit import append_event_core
-    from db.coverage import SCHEMA_DOWNGRADED, SCHEMA_UPGRADED, revision_number
-
-    if before == after or not inspect(connection).has_table("audit_events"):
-        return
-    up = before is None or (after is not None and revision_number(after) > revision_number(before))
-    append_event_core(
-        connection,
-        actor=actor[:64],
-        action=SCHEMA_UPGRADED if up else SCHEMA_DOWNGRADED,
-        object_type="schema",
-        object_id=None,
-        details={"from": before, "to": after},
-    )
-
-
-def current(url: str) -> str | None:
-    """The database's revision, or None when it has no radcaliper schema."""
-    from alembic.runtime.migration import MigrationContext
-
-    from db.engine import connect
-
-    engine = connect(url)
-    try:
-        with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
-    finally:
-        engine.dispose()

@@ -1,5 +1,10 @@
-"""What several migrations do alike, shared by their scripts (``db/migrations/versions``).
+"""What runs inside a migration: the guard and record of the migration environment
+(``db/migrations/env.py``) and what several migration scripts (``db/migrations/versions``) do
+alike.
 
+- :func:`check_before_migrating`: refuse to migrate a database the audit log does not vouch for
+  (the full verify at the database's schema).
+- :func:`record_schema_change`: the ``schema.upgraded`` / ``schema.downgraded`` event.
 - :func:`drop_column`: ``ALTER TABLE ... DROP COLUMN`` where SQLite has it (3.35 and later):
   Alembic's batch mode copies the table and drops the old one, which the foreign keys of other
   tables' rows refuse once it holds data; older SQLite gets the batch mode.
@@ -13,13 +18,71 @@ Alembic is imported by the functions (a migration runs them), not by this module
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-__all__ = ["drop_column", "record_dropped"]
+from db.audit.log import append_event_core
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+__all__ = ["check_before_migrating", "drop_column", "record_dropped", "record_schema_change"]
 
 ROWS_PER_EVENT = 2000
+
+
+def check_before_migrating(connection: Connection, revision: str | None) -> None:
+    """Refuse (:class:`MigrationRefusedError`) to migrate the database of ``connection`` (at
+    schema ``revision``, in the migration's transaction) unless its audit log vouches for it:
+    the full :func:`db.audit.verify` at that schema. A database without a version but with
+    radcaliper's tables (its version was removed) is refused too; one without any is new."""
+    from sqlalchemy import inspect
+    from sqlalchemy.orm import Session
+
+    from db.audit.verification import run
+    from db.migrate import VERSION_TABLE
+    from ingestion.errors import MigrationRefusedError
+
+    if revision is None:
+        if inspect(connection).has_table("audit_events"):
+            raise MigrationRefusedError(
+                "refused to migrate: the database has radcaliper's tables but no schema "
+                f"version (the {VERSION_TABLE} table is missing or empty): it was removed "
+                "outside radcaliper. Restore the database from a backup"
+            )
+        return
+    with Session(bind=connection) as session:
+        report = run(session, None, None, 1)
+    if not report.ok:
+        raise MigrationRefusedError(
+            f"refused to migrate from schema {revision}: the audit log does not vouch for the "
+            f"database: {report.problem}. Migrating would record what the database holds "
+            "as trusted: find out what changed ('radcaliper audit verify', 'radcaliper audit "
+            "log') and restore the database from a backup taken before it"
+        )
+
+
+def record_schema_change(
+    connection: Connection, before: str | None, after: str | None, *, actor: str
+) -> None:
+    """Record in the audit log that the schema went from ``before`` to ``after`` (nothing when
+    it did not change, or when no audit log is left: a downgrade to base)."""
+    from sqlalchemy import inspect
+
+    from db.audit.coverage import SCHEMA_DOWNGRADED, SCHEMA_UPGRADED, revision_number
+
+    if before == after or not inspect(connection).has_table("audit_events"):
+        return
+    up = before is None or (after is not None and revision_number(after) > revision_number(before))
+    append_event_core(
+        connection,
+        actor=actor[:64],
+        action=SCHEMA_UPGRADED if up else SCHEMA_DOWNGRADED,
+        object_type="schema",
+        object_id=None,
+        details={"from": before, "to": after},
+    )
 
 
 def drop_column(table: str, column: str) -> None:
@@ -45,8 +108,7 @@ def record_dropped(
     ``column`` set to ``reset``, as ``schema.data_dropped`` events; how many rows."""
     from alembic import context, op
 
-    from db.audit import append_event_core
-    from db.coverage import row_state
+    from db.audit.coverage import row_state
 
     bind = op.get_bind()
     metadata = sa.MetaData()

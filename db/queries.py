@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session, aliased
 
-from db.coverage import canonical_time
+from db.audit.coverage import canonical_time
 from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Series, Study, User
 
 __all__ = [

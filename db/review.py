@@ -27,7 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from db.audit import append_event
-from db.coverage import measurement_state, review_state
+from db.audit.coverage import measurement_state, review_state
 from db.models import Measurement, Review, ReviewAction, ReviewStatus, Role, User
 from ingestion.errors import AccessDeniedError, StaleEditError, StorageError
 from model.measurer.results import MeasurementName

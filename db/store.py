@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.audit import append_event
-from db.coverage import measurement_state, states_detail
+from db.audit.coverage import measurement_state, states_detail
 from db.models import (
     Finding,
     Measurement,

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.audit import append_event
-from db.coverage import states_detail
+from db.audit.coverage import states_detail
 from db.models import Role, User
 from ingestion.errors import StorageError
 

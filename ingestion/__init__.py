@@ -17,6 +17,7 @@ from ingestion._lazy import lazy_exports as _lazy_exports
 if TYPE_CHECKING:
     from ingestion.catalog import FileRecord, FileStatus, ImageAttributes, catalog_file
     from ingestion.contrast import Contrast, contrast_of
+    from ingestion.dicom.stack import SeriesRef
     from ingestion.errors import (
         AccessDeniedError,
         ConfigurationError,
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
         StudyPlan,
         plan_study,
     )
-    from ingestion.stack import SeriesRef
     from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
     from ingestion.work_index import ScanCounts, WorkIndex
 
@@ -120,7 +120,7 @@ _SOURCES = {
         "StudyPlan",
         "plan_study",
     ),
-    "ingestion.stack": ("SeriesRef",),
+    "ingestion.dicom.stack": ("SeriesRef",),
     "ingestion.volume": ("Identifiers", "Modality", "SourceFormat", "Volume"),
     "ingestion.work_index": ("ScanCounts", "WorkIndex"),
 }

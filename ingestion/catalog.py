@@ -148,7 +148,7 @@ class FileRecord:
 
 
 def _attributes(path: Path, ds: Dataset) -> ImageAttributes:
-    from ingestion.dicom_header import dicom_object_from_dataset
+    from ingestion.dicom.header import dicom_object_from_dataset
 
     obj = dicom_object_from_dataset(path, ds)
     info, first = obj.info, obj.slices[0]
@@ -179,7 +179,7 @@ def _attributes(path: Path, ds: Dataset) -> ImageAttributes:
 
 def catalog_file(path: Path) -> FileRecord:
     """Read ``path``'s header (never its pixels) and classify it; never raises for a bad file."""
-    from ingestion.dicom_header import read_dicom_header
+    from ingestion.dicom.header import read_dicom_header
 
     try:
         stat = path.stat()

@@ -70,7 +70,7 @@ def contrast_of(volume: Volume) -> Contrast:
     """
     if volume.source_format is not SourceFormat.DICOM:
         return Contrast.UNKNOWN
-    from ingestion.dicom_header import read_dicom_header
+    from ingestion.dicom.header import read_dicom_header
 
     path = volume.sources[0]
     try:
@@ -86,7 +86,7 @@ def _normal(text: str) -> str:
 
 
 def _positive_number(item: Dataset, keyword: str) -> bool:
-    from ingestion._header_values import raw_text
+    from ingestion.dicom._header_values import raw_text
 
     try:
         return float(raw_text(item, keyword).split("\\")[0]) > 0
@@ -102,7 +102,7 @@ def _usage_items(ds: Dataset) -> Iterator[Dataset]:
 
 def contrast_of_dataset(ds: Dataset) -> Contrast:
     """What one DICOM header records about a contrast agent (module doc)."""
-    from ingestion._header_values import raw_text
+    from ingestion.dicom._header_values import raw_text
 
     agent = _normal(raw_text(ds, "ContrastBolusAgent"))
     route = _normal(raw_text(ds, "ContrastBolusRoute"))

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ingestion.dicom_pixels import read_stack_voxels
+from ingestion.dicom.pixels import read_stack_voxels
+from ingestion.dicom.stack import SeriesRef
 from ingestion.errors import IngestionError, UnreadableFileError
 from ingestion.nifti import load_nifti
 from ingestion.nrrd import load_nrrd
 from ingestion.scan import Rejected, ScanResult, scan_path
-from ingestion.stack import SeriesRef
 from ingestion.volume import Identifiers, Modality, SourceFormat, Volume
 
 __all__ = ["LoadResult", "iter_volumes", "load_path", "load_series"]

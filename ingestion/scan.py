@@ -19,9 +19,9 @@ import numpy as np
 
 from ingestion.errors import InconsistentGeometryError, IngestionError, UnreadableFileError
 
-if TYPE_CHECKING:  # pydicom (ingestion.dicom_header) is imported by the functions that read files
-    from ingestion.dicom_header import DicomObject, SeriesInfo, SliceRef
-    from ingestion.stack import SeriesRef
+if TYPE_CHECKING:  # pydicom (ingestion.dicom.header) is imported by the functions that read files
+    from ingestion.dicom.header import DicomObject, SeriesInfo, SliceRef
+    from ingestion.dicom.stack import SeriesRef
 
 __all__ = [
     "Incompleteness",
@@ -188,7 +188,7 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
     denied) makes every series with a file in its folder incomplete (it may be any of their
     slices).
     """
-    from ingestion.dicom_header import read_dicom_object
+    from ingestion.dicom.header import read_dicom_object
 
     result = ScanResult()
     by_series: dict[tuple[str, str], list[_Group]] = {}
@@ -273,8 +273,8 @@ def scan_files(paths: Iterable[Path]) -> ScanResult:
 def _stacks(groups: list[_Group], result: ScanResult) -> list[SeriesRef]:
     """The stacks of one series' groups (same size, orientation, pixel spacing). A group that
     does not stack as a whole is split by stack key when that gives valid stacks
-    (``ingestion.stack``), else rejected."""
-    from ingestion.stack import build_stack, split_by_stack_key
+    (``ingestion.dicom.stack``), else rejected."""
+    from ingestion.dicom.stack import build_stack, split_by_stack_key
 
     if len(groups) > 1:
         logger.info("series split into %d parts: %s", len(groups), _describe_split(groups))
@@ -311,7 +311,7 @@ def _each_stacks(
     info: SeriesInfo, split: list[tuple[list[SliceRef], str]]
 ) -> list[tuple[SeriesRef, str | None]] | None:
     """The stack of each group of ``split`` when every one stacks on its own, else None."""
-    from ingestion.stack import build_stack
+    from ingestion.dicom.stack import build_stack
 
     try:
         return [(build_stack(info, planes), said) for planes, said in split]

@@ -10,6 +10,7 @@ PACKAGES = [
     "app",
     "ingestion",
     "ingestion.dataset",
+    "ingestion.dicom",
     "model",
     "model.numeric",
     "model.circle_rope",
@@ -23,6 +24,7 @@ PACKAGES = [
     "model.measurer.tasks",
     "model.measurer.train",
     "db",
+    "db.audit",
 ]
 
 
@@ -37,6 +39,7 @@ def test_all_names_resolve(name: str) -> None:
 LAZY_PACKAGES = [
     "ingestion",
     "ingestion.dataset",
+    "ingestion.dicom",
     "model",
     "model.numeric",
     "model.circle_rope",
@@ -50,6 +53,7 @@ LAZY_PACKAGES = [
     "model.measurer.tasks",
     "model.measurer.train",
     "db",
+    "db.audit",
 ]
 
 

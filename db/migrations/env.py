@@ -1,8 +1,9 @@
 """Alembic environment: runs migrations on the URL that ``db.migrate`` passes in.
 
 In one transaction: the check that the audit log vouches for the database
-(:func:`db.migrate.check_before_migrating`, unless there is nothing to migrate), the migrations,
-and the schema event that records them (:func:`db.migrate.record_schema_change`).
+(:func:`db.migration_ops.check_before_migrating`, unless there is nothing to migrate), the
+migrations, and the schema event that records them
+(:func:`db.migration_ops.record_schema_change`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from alembic import context
 
 from db.engine import connect
-from db.migrate import check_before_migrating, record_schema_change, stored_revision
+from db.migrate import stored_revision
+from db.migration_ops import check_before_migrating, record_schema_change
 from db.models import Base
 
 config = context.config

@@ -25,7 +25,7 @@ from ingestion.dataset.format import ImageRef
 from ingestion.scan import scan_path
 
 if TYPE_CHECKING:
-    from ingestion.stack import SeriesRef
+    from ingestion.dicom.stack import SeriesRef
 
 __all__ = ["ImageIndex", "SliceAt", "image_points_to_lps", "nearest_slice"]
 

@@ -66,7 +66,7 @@ from ingestion.errors import ConfigurationError
 if TYPE_CHECKING:
     from pydicom import Dataset
 
-    from ingestion.stack import SeriesRef
+    from ingestion.dicom.stack import SeriesRef
 
 __all__ = ["POSITION_TOLERANCE_MM", "import_seg", "segment_roles"]
 

@@ -93,7 +93,7 @@ from ingestion.dataset.format import (
 if TYPE_CHECKING:
     from pydicom import Dataset
 
-    from ingestion.stack import SeriesRef
+    from ingestion.dicom.stack import SeriesRef
 
 __all__ = ["ValueLimits", "import_sr"]
 

@@ -304,7 +304,7 @@ def _untamper(store: Store, report: Any) -> None:
         event_id = int(report.problem.split("(event ")[1].split(")")[0])
         event = session.get(AuditEvent, event_id)
         assert event is not None
-    from db.coverage import logged_states
+    from db.audit.coverage import logged_states
 
     (state,) = [
         s

@@ -5,6 +5,7 @@ one-process, one-batch verify names it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -17,10 +18,14 @@ import pytest
 from sqlalchemy import select, text
 from typer.testing import CliRunner
 
-import db.audit_verify as stream
+import db.audit.chain as verify_chain
+import db.audit.fork as verify_fork
+import db.audit.reading as verify_reading
+import db.audit.rows as verify_rows
+import db.audit.verification as verification
 from app.cli import app
 from db.audit import GENESIS, UnknownHeadError, VerifyReport, verify
-from db.coverage import digest
+from db.audit.coverage import digest
 from db.engine import Store
 from db.models import Measurement, ReviewAction, User
 from db.review import review_measurement
@@ -38,15 +43,15 @@ SEED = 20261127
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches of 7 rows, 5 logged entries before a sort, 3 ids per IN list, and a second
     process whatever the log's size."""
-    monkeypatch.setattr(stream, "_BATCH", 7)
-    monkeypatch.setattr(stream, "_PENDING", 5)
-    monkeypatch.setattr(stream, "_IN_LIST", 3)
-    monkeypatch.setattr(stream, "_PARALLEL_MIN_EVENTS", 0)
+    monkeypatch.setattr(verify_reading, "_BATCH", 7)
+    monkeypatch.setattr(verify_rows, "_PENDING", 5)
+    monkeypatch.setattr(verify_rows, "_IN_LIST", 3)
+    monkeypatch.setattr(verification, "_PARALLEL_MIN_EVENTS", 0)
 
     def gave_way(part: str) -> None:
         raise AssertionError(f"the second process did not check {part}")
 
-    monkeypatch.setattr(stream, "_alone", gave_way)
+    monkeypatch.setattr(verification, "_alone", gave_way)
 
 
 @pytest.fixture
@@ -280,8 +285,8 @@ def test_with_hashes_not_randomized_the_digests_are_blake2b(
 ) -> None:
     """With PYTHONHASHSEED fixed, Python's hash has a known key: states are digested with keyed
     BLAKE2b instead, and a change is still named."""
-    monkeypatch.setattr(stream, "_randomized_hashes", lambda: False)
-    assert stream._StateDigest(b"k" * 16).of_text != hash
+    monkeypatch.setattr(verify_reading, "_randomized_hashes", lambda: False)
+    assert verify_reading._StateDigest(b"k" * 16).of_text != hash
     assert _both(filled).ok
     finding = _ids(filled, "findings")[-1]
     with filled.engine.begin() as connection:
@@ -297,12 +302,12 @@ def test_the_second_process_gives_way_when_the_database_moved_on(
     """On SQLite the second process cannot read the first one's snapshot: when the head it
     sees differs, the first process does its part itself (simulated here on both backends)."""
 
-    def moved_on(shared: stream._Shared) -> Iterator[None]:
+    def moved_on(shared: verify_fork._Shared) -> Iterator[None]:
         yield None
 
-    monkeypatch.setattr(stream, "_shared_source", stream.contextlib.contextmanager(moved_on))
+    monkeypatch.setattr(verify_fork, "_shared_source", contextlib.contextmanager(moved_on))
     alone: list[str] = []
-    monkeypatch.setattr(stream, "_alone", alone.append)
+    monkeypatch.setattr(verification, "_alone", alone.append)
     measurement = _ids(filled, "measurements")[-1]
     assert _verify(filled, processes=2).ok
     with filled.engine.begin() as connection:
@@ -488,9 +493,9 @@ def test_the_fast_json_reader_reads_what_json_reads() -> None:
             expected = json.loads(text_)
         except ValueError:
             with pytest.raises(ValueError):
-                stream._load_json(text_)
+                verify_reading._load_json(text_)
             continue
-        assert _same(stream._load_json(text_), expected), text_
+        assert _same(verify_reading._load_json(text_), expected), text_
 
 
 def test_a_fast_digest_equal_to_a_stored_one_means_the_same_value() -> None:
@@ -501,14 +506,14 @@ def test_a_fast_digest_equal_to_a_stored_one_means_the_same_value() -> None:
     stored = {digest(value): value for value in values}
     fast_path = 0
     for value in values:
-        fast = stream._fast_digest(value)
+        fast = verify_reading._fast_digest(value)
         if fast in stored:
             assert _same(stored[fast], value)
             fast_path += fast == digest(value)
     assert fast_path > len(values) // 2
     plain = {"uids": [f"2.25.{k}" for k in range(40)], "frames": [None] * 40, "n": 1.5}
-    assert stream._fast_digest(plain) == digest(plain)
-    assert stream._fast_digest({"x": 1e-05}) != digest({"x": 1e-05})  # orjson: 0.00001
+    assert verify_reading._fast_digest(plain) == digest(plain)
+    assert verify_reading._fast_digest({"x": 1e-05}) != digest({"x": 1e-05})  # orjson: 0.00001
 
 
 def test_the_fast_event_hash_is_the_exact_one(
@@ -516,17 +521,17 @@ def test_the_fast_event_hash_is_the_exact_one(
 ) -> None:
     """Every event of a real log passes the fast check (orjson) without the exact one, which
     agrees; an edited event fails both."""
-    exact = stream._exact_details
+    exact = verify_chain._exact_details
     with filled.reader() as session:
-        source = stream._Source(session)
-        with source.batches(stream._event_sql(source, "1 = 1") + " ORDER BY 1") as batches:
+        source = verify_reading._Source(session)
+        with source.batches(verify_chain._event_sql(source, "1 = 1") + " ORDER BY 1") as batches:
             rows = [row for batch in batches for row in batch]
         assert all(exact(source, row) is not None for row in rows)
-        monkeypatch.setattr(stream, "_exact_details", lambda *_: pytest.fail("not fast"))
-        assert all(stream._intact_details(source, row) is not None for row in rows)
+        monkeypatch.setattr(verify_chain, "_exact_details", lambda *_: pytest.fail("not fast"))
+        assert all(verify_chain._intact_details(source, row) is not None for row in rows)
         edited = (*rows[-1][:2], "mallory", *rows[-1][3:])
-        monkeypatch.setattr(stream, "_exact_details", exact)
-        assert stream._intact_details(source, edited) is None
+        monkeypatch.setattr(verify_chain, "_exact_details", exact)
+        assert verify_chain._intact_details(source, edited) is None
     assert len(rows) == _last_event(filled)
 
 
@@ -534,7 +539,7 @@ def test_logged_rows_keep_the_last_state_of_each_row() -> None:
     """Entries sorted in chunk by chunk: a row logged again keeps its latest event, rows in any
     id order end sorted."""
     rng = random.Random(SEED)
-    rows = stream._LoggedRows()
+    rows = verify_rows._LoggedRows()
     latest: dict[int, int] = {}
     for event in range(1, 400):
         row_id = rng.choice([rng.randrange(50), 1000 + event])  # again, or new and increasing

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from db.audit import verify
-from db.coverage import COVERED_TABLES
-from db.engine import Store, connect, open_store
-from db.migrate import SCHEMA_HEAD, current, downgrade, upgrade
+from db.audit.coverage import COVERED_TABLES
+from db.engine import Store, connect, current, open_store
+from db.migrate import SCHEMA_HEAD, downgrade, upgrade
 from db.models import AuditEvent, Role, Study, User
 from db.users import add_user
 from ingestion.errors import MigrationRefusedError
@@ -207,7 +207,7 @@ def test_a_recorded_downgrade_and_upgrade_keep_the_log_intact(filled: Store) -> 
     _sql(filled, f"UPDATE studies SET patient_name = 'DOE^JANE' WHERE id = {study_id}")
     # radcaliper itself never writes a name without logging it: log this one the usual way
     from db.audit import append_event
-    from db.coverage import states_detail
+    from db.audit.coverage import states_detail
 
     with filled.writer() as session:
         study = session.get(Study, study_id)
@@ -247,7 +247,7 @@ def test_a_tampered_database_is_not_downgraded(filled: Store) -> None:
 
 
 def test_every_covered_table_is_known_to_the_guard() -> None:
-    from db.coverage import COVERED_SINCE
+    from db.audit.coverage import COVERED_SINCE
 
     assert set(COVERED_SINCE) == set(COVERED_TABLES)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect
 
-from db.engine import connect, open_store
-from db.migrate import SCHEMA_HEAD, current, downgrade, head_revision, stored_revision, upgrade
+from db.engine import connect, current, open_store
+from db.migrate import SCHEMA_HEAD, downgrade, head_revision, stored_revision, upgrade
 from ingestion.errors import SchemaVersionError, StorageError
 
 TABLES = {

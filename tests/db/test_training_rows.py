@@ -13,7 +13,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.engine import make_url
 
 from app.dataset_store import DEFAULT_LICENCE, import_store
-from db.coverage import canonical_time
+from db.audit.coverage import canonical_time
 from db.engine import Store, connect
 from db.models import Finding, Measurement, ReviewStatus, Study, User
 from db.review import review_measurement

@@ -358,7 +358,7 @@ def test_every_sampled_quantity_is_within_the_spec(phantoms: list[Phantom]) -> N
 
 
 def test_vessel_in_about_70_percent_and_lesion_counts_all_occur() -> None:
-    from ingestion._phantoms.layout import sample_layout
+    from ingestion.phantoms.layout import sample_layout
 
     layouts = [sample_layout(np.random.default_rng(seed), SPEC) for seed in range(150)]
     share = sum(layout.vessel is not None for layout in layouts) / len(layouts)

@@ -20,7 +20,7 @@ from pydicom.dataset import Dataset
 from ingestion.contrast import Contrast, contrast_of, contrast_of_dataset
 from ingestion.dataset.format import write_import
 from ingestion.dataset.masks import import_masks
-from ingestion.dicom_header import read_dicom_header
+from ingestion.dicom.header import read_dicom_header
 from ingestion.errors import ConfigurationError, ModelError
 from ingestion.geometry import Geometry
 from ingestion.load import load_path

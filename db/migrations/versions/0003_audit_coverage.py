@@ -4,7 +4,7 @@
   source had one (never with pseudonyms).
 - From this revision on, the audit log records the state of every row that a result, an SR or
   an audit answer is built from (users, studies, series, runs, findings, besides measurements and
-  reviews: ``db.coverage``), and ``radcaliper audit verify`` compares them. Rows stored before
+  reviews: ``db.audit.coverage``), and ``radcaliper audit verify`` compares them. Rows stored before
   have no such record, so this upgrade records their current state as **baseline events**
   (action ``audit.baseline``, at most 2,000 rows each), signed off by whoever runs the upgrade
   (the event's actor), each saying which tables it covers and why (what the log recorded of
@@ -94,7 +94,7 @@ def _record_baseline(bind: sa.Connection) -> None:
     # are at this revision (reflected). A later revision that covers a column added after 0003
     # must keep these functions working on rows without it (or freeze 0003's here).
     from db.audit import append_event_core
-    from db.coverage import row_state
+    from db.audit.coverage import row_state
 
     metadata = sa.MetaData()
     metadata.reflect(bind, only=BASELINE_TABLES)

@@ -18,9 +18,9 @@ Rules (documented in README "Ingestion rules"):
 - A single-slice series takes its slice spacing from SpacingBetweenSlices or SliceThickness, and
   is rejected if neither is present (naming a value that is there but not > 0).
 - A series that does not stack as a whole (repeated positions, uneven gaps) but whose planes fall
-  into stacks that each do, told apart by their stack key (``ingestion._header_values``: e.g. two
-  slice thicknesses, magnitude and field map frames, time points), is split into those stacks,
-  each with a note naming what tells them apart; each must have at least two planes (four
+  into stacks that each do, told apart by their stack key (``ingestion.dicom._header_values``:
+  e.g. two slice thicknesses, magnitude and field map frames, time points), is split into those
+  stacks, each with a note naming what tells them apart; each must have at least two planes (four
   acquisitions at one position are not four stacks). Otherwise the series is rejected.
 - Header values that contradict themselves or the positions without being needed are named
   (tag and value) in a warning and not used: a SliceThickness or SpacingBetweenSlices that is
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingestion.dicom_header import SeriesInfo, SliceRef
+from ingestion.dicom.header import SeriesInfo, SliceRef
 from ingestion.errors import InconsistentGeometryError, MissingGeometryError
 from ingestion.geometry import Geometry
 from ingestion.volume import stack_key

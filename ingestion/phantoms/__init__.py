@@ -14,6 +14,11 @@ Example::
     phantom = generate_phantom(7)
     lesion = phantom.findings[0]
     index = phantom.geometry.lps_to_index(lesion.center_lps_mm)  # (slice, row, column)
+
+Its parts (private: import from :mod:`ingestion.phantoms`; they may change without notice):
+:mod:`~ingestion.phantoms.spec`, :mod:`~ingestion.phantoms.truth` (the records),
+:mod:`~ingestion.phantoms.layout`, :mod:`~ingestion.phantoms.shapes`,
+:mod:`~ingestion.phantoms.render` and :mod:`~ingestion.phantoms.writers`.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ingestion._phantoms.layout import Layout, sample_layout
-from ingestion._phantoms.render import render
-from ingestion._phantoms.spec import PhantomSpec
-from ingestion._phantoms.truth import BodyTruth, Phantom, TruthFinding, derived_uid
-from ingestion._phantoms.writers import write_dicom, write_nifti
 from ingestion.errors import ConfigurationError
 from ingestion.geometry import Geometry
+from ingestion.phantoms.layout import Layout, sample_layout
+from ingestion.phantoms.render import render
+from ingestion.phantoms.spec import PhantomSpec
+from ingestion.phantoms.truth import BodyTruth, Phantom, TruthFinding, derived_uid
+from ingestion.phantoms.writers import write_dicom, write_nifti
 
 __all__ = [
     "BodyTruth",

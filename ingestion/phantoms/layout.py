@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ingestion._phantoms.shapes import (
+from ingestion.geometry import Vector3
+from ingestion.phantoms.shapes import (
     DISTANCE_EPS_MM,
     BoolArray,
     FloatArray,
@@ -24,9 +25,8 @@ from ingestion._phantoms.shapes import (
     ellipse_points,
     threshold_classes,
 )
-from ingestion._phantoms.spec import PhantomSpec
-from ingestion._phantoms.truth import BodyTruth
-from ingestion.geometry import Vector3
+from ingestion.phantoms.spec import PhantomSpec
+from ingestion.phantoms.truth import BodyTruth
 
 __all__ = ["Grid", "Layout", "Lesion", "Vessel", "body_depth_above", "sample_layout"]
 

@@ -20,7 +20,7 @@ from pydicom.datadict import keyword_for_tag
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 
-from ingestion._header_values import raw_text
+from ingestion.dicom._header_values import raw_text
 from ingestion.errors import IngestionError, NotDicomError, PixelDataError
 
 __all__ = ["META", "Cut", "cut_inside", "revealed_sop", "truncation_error"]

@@ -21,7 +21,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.uid import UID
 
-from ingestion._header_values import (
+from ingestion.dicom._header_values import (
     StackKey,
     classic_stack_key,
     frame_stack_key,
@@ -29,8 +29,8 @@ from ingestion._header_values import (
     stated_spacing,
     undeclared_text,
 )
-from ingestion._pydicom import quiet_pydicom
-from ingestion._truncation import cut_inside, revealed_sop, truncation_error
+from ingestion.dicom._pydicom import quiet_pydicom
+from ingestion.dicom._truncation import cut_inside, revealed_sop, truncation_error
 from ingestion.errors import (
     InconsistentGeometryError,
     IngestionError,
@@ -123,7 +123,8 @@ class SliceRef:
     spacing_between_slices: float | None = None  # SpacingBetweenSlices, if given and > 0
     header_problems: tuple[str, ...] = ()  # values present but unusable, ignored (tag and value)
     gantry_tilt: float | None = None  # GantryDetectorTilt (degrees, signed as written), if given
-    stack_key: StackKey = ()  # what tells stacks of one series apart (ingestion._header_values)
+    # what tells stacks of one series apart (ingestion.dicom._header_values)
+    stack_key: StackKey = ()
 
     @property
     def normal(self) -> Vector3:

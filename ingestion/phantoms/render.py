@@ -18,8 +18,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from ingestion._phantoms.layout import Layout, body_depth_above
-from ingestion._phantoms.shapes import (
+from ingestion.phantoms.layout import Layout, body_depth_above
+from ingestion.phantoms.shapes import (
     LATTICE_2D_COARSE,
     BoolArray,
     FloatArray,

@@ -11,7 +11,7 @@ Their planes then repeat positions or interleave, and the series does not stack 
 - frames of an enhanced object: the frame type (``*FrameTypeSequence`` FrameType), the
   FrameContentSequence StackID and TemporalPositionIndex, and the frame's SliceThickness.
 
-The key is only used when a series fails to stack as a whole (``ingestion.stack``).
+The key is only used when a series fails to stack as a whole (``ingestion.dicom.stack``).
 """
 
 from __future__ import annotations

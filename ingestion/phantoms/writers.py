@@ -13,8 +13,8 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import UID, CTImageStorage, ExplicitVRLittleEndian
 from pydicom.valuerep import format_number_as_ds
 
-from ingestion._phantoms.truth import Phantom, derived_uid
 from ingestion.nifti import volume_to_nifti_affine
+from ingestion.phantoms.truth import Phantom, derived_uid
 
 __all__ = ["write_dicom", "write_nifti"]
 

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from pydicom.pixels.utils import pixel_array
 
-from ingestion._pydicom import quiet_pydicom
-from ingestion.dicom_header import PixelLocation, SliceRef
+from ingestion.dicom._pydicom import quiet_pydicom
+from ingestion.dicom.header import PixelLocation, SliceRef
 from ingestion.errors import PixelDataError, UnreadableFileError
 
 __all__ = ["read_stack_voxels"]
