@@ -2,7 +2,7 @@
 a Ray cluster").
 
 The batch process (the *driver*) still walks the tree, plans and skips studies, keeps the work
-index and the resume state and writes the report (``app.batch``); :class:`RayEngine` runs the
+index and the resume state and writes the report (``app.batch.run``); :class:`RayEngine` runs the
 rest on the cluster:
 
 - the **header reads** of the scan, as tasks of :data:`SCAN_CHUNK` files each;
@@ -11,7 +11,7 @@ rest on the cluster:
   through the driver;
 - the **measuring and storing**, in actors (*measuring workers*) that load the model once, on
   CPUs or ``gpus_per_worker`` GPUs each, and store each study in one transaction
-  (``app.batch_measure``), straight into the database.
+  (``app.batch.measure``), straight into the database.
 
 Faults: a load task whose process dies is retried (Ray's task retries); a measuring worker that
 dies is restarted, on any node, and its study retried. Storing is idempotent (unique runs), so a
@@ -45,9 +45,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from app.batch import BatchOptions, Loaded, MeasuredStudy
-from app.batch_measure import StudyStored, measure_and_store_study, open_worker, unexpected
-from app.batch_worker import LoadedSeries, LoadOutline, StudyJob, load_study
+from app.batch.measure import StudyStored, measure_and_store_study, open_worker, unexpected
+from app.batch.options import BatchOptions, Loaded, MeasuredStudy
+from app.batch.worker import LoadedSeries, LoadOutline, StudyJob, load_study
 from app.threads import usable_cpus
 from db.engine import Store, in_memory
 from ingestion.catalog import FileRecord, catalog_file

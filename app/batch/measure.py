@@ -1,5 +1,5 @@
 """Measuring and storing one study's loaded series: the batch's measuring step, run in the batch
-process (the local engine) or in a measuring worker on a cluster (``app.batch_ray``).
+process (the local engine) or in a measuring worker on a cluster (``app.batch.ray_engine``).
 
 It never raises for a series the model refuses or a bug on one input (the series becomes a
 failure with its reason), and reports a database that fails as :attr:`StudyStored.database_error`
@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.batch_worker import LoadedSeries
+from app.batch.worker import LoadedSeries
 from app.measuring import store_study
 from db.engine import Store
 from ingestion.errors import ModelError, PreparationError, StorageError

@@ -24,13 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from app.batch_state import BatchState
+from app.batch.state import BatchState
 from ingestion.catalog import FileRecord, FileStatus
 from ingestion.selection import Note, NoteKind
 from ingestion.work_index import WorkIndex
 
 if TYPE_CHECKING:
-    from app.batch import BatchSummary
+    from app.batch.options import BatchSummary
 
 __all__ = ["CSV_COLUMNS", "report_paths", "write_report"]
 
