@@ -8,11 +8,12 @@ import contextlib
 import logging
 import multiprocessing
 import os
-from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.batch.measure import (
     DeferredMeasurer,
@@ -30,9 +31,25 @@ from ingestion.catalog import FileRecord
 from ingestion.errors import ModelError
 from ingestion.work_index import read_headers_here
 
+if TYPE_CHECKING:
+    from model.measurer.protocol import Measurer
+
 __all__ = ["LocalEngine"]
 
 logger = logging.getLogger(__name__)
+
+
+def _wait_first(
+    loads: Iterable[Future[StudyLoad]], measured: Iterable[Future[StudyStored]]
+) -> None:
+    """Until one of the futures is done (``concurrent.futures.wait``, ``FIRST_COMPLETED``, for
+    futures of two result types)."""
+    done = threading.Event()
+    for load in loads:
+        load.add_done_callback(lambda _: done.set())
+    for stored in measured:
+        stored.add_done_callback(lambda _: done.set())
+    done.wait()
 
 
 class LocalEngine:
@@ -48,7 +65,9 @@ class LocalEngine:
     first study (its ``ModelError`` stops the batch the same way). A batch whose studies are
     all stored imports neither torch nor the model."""
 
-    def __init__(self, options: BatchOptions, store: Store, measurer: Any) -> None:
+    def __init__(
+        self, options: BatchOptions, store: Store, measurer: Measurer | DeferredMeasurer
+    ) -> None:
         self.options = options
         self.store = store
         self.measurer = measurer
@@ -109,12 +128,10 @@ class LocalEngine:
 
     def next_event(self) -> Loaded | MeasuredStudy:
         if not self.ready:
-            running: list[Future[Any]] = [*self.pending, *self.measuring]
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future in self.measuring:
-                    self._measured(self.measuring.pop(future), future)
-                    continue
+            _wait_first(self.pending, self.measuring)
+            for measured in [f for f in self.measuring if f.done()]:
+                self._measured(self.measuring.pop(measured), measured)
+            for future in [f for f in self.pending if f.done()]:
                 key = self.pending.pop(future)
                 try:
                     self._loaded(key, future.result())
@@ -140,17 +157,27 @@ class LocalEngine:
             self.threads.close()
             self.threads = None
 
+    def _directory(self) -> Path | None:
+        """The checkpoint folder a measuring process loads the model from (a
+        ``DeferredMeasurer``'s or a ``CheckpointMeasurer``'s), None for another measurer."""
+        directory: Path | None = getattr(self.measurer, "directory", None)
+        return directory
+
     def _pool(self) -> MeasuringPool | None:
         """The measuring processes (started at the first study), or None: this process
         measures."""
         if self.processes is None:
-            directory = getattr(self.measurer, "directory", None)
-            self.processes = measuring_processes(self.options.workers, directory, self.store.url)
+            self.processes = measuring_processes(
+                self.options.workers, self._directory(), self.store.url
+            )
         if self.processes == 1:
             return None
         if self.measurers is None:
+            directory = self._directory()
+            if directory is None:
+                raise ValueError("measuring processes need a measurer loaded from a checkpoint")
             setup = MeasuringSetup(
-                model_dir=Path(self.measurer.directory),
+                model_dir=Path(directory),
                 checkpoint_hash=self.measurer.checkpoint_hash,
                 db_url=self.store.url,
                 actor=self.options.actor,
@@ -180,7 +207,7 @@ class LocalEngine:
             logger.debug("measuring a study failed", exc_info=exc)
             self.ready.append(MeasuredStudy(key, None, f"while measuring: {unexpected(exc)}"))
 
-    def _measurer(self) -> Any:
+    def _measurer(self) -> Measurer:
         """The model, loaded the first time a study is measured, with torch's threads set."""
         measurer = self.measurer
         if isinstance(measurer, DeferredMeasurer):

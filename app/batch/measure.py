@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.batch.worker import LoadedSeries
 from app.measuring import store_study
@@ -29,6 +29,7 @@ from model.measurer.results import ModelInfo, StudyResult
 
 if TYPE_CHECKING:
     from model.measurer.pipeline import CheckpointMeasurer
+    from model.measurer.protocol import Measurer
 
 __all__ = [
     "DeferredMeasurer",
@@ -75,14 +76,14 @@ class DeferredMeasurer:
         self,
         info: ModelInfo,
         checkpoint_hash: str,
-        load: Callable[[], Any],
+        load: Callable[[], Measurer],
         directory: Path | None = None,
     ) -> None:
         self.info = info
         self.checkpoint_hash = checkpoint_hash
         self.directory = directory  # where a measuring process loads the model from
         self._load = load
-        self._measurer: Any = None
+        self._measurer: Measurer | None = None
 
     @classmethod
     def of(cls, directory: Path) -> DeferredMeasurer:
@@ -93,14 +94,14 @@ class DeferredMeasurer:
 
         info = read_settings(directory).model_info()
 
-        def load() -> Any:
+        def load() -> Measurer:
             from model.measurer.pipeline import CheckpointMeasurer
 
             return CheckpointMeasurer.load(directory)
 
         return cls(info, checkpoint_hash(directory), load, directory.resolve())
 
-    def load(self) -> Any:
+    def load(self) -> Measurer:
         """The measurer, loaded on the first call (``ModelError`` when it cannot be)."""
         if self._measurer is None:
             self._measurer = self._load()
@@ -137,7 +138,7 @@ def database_reason(exc: BaseException) -> str:
 
 
 def measure_and_store_study(
-    measurer: Any,
+    measurer: Measurer,
     store: Store,
     series: Sequence[LoadedSeries],
     *,

@@ -4,17 +4,16 @@ the summary, the progress listener, the engines' events and the :class:`BatchEng
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from app.batch.measure import (
-    StudyStored,
-)
+from app.batch.measure import StudyStored
 from app.batch.state import StudyRecord
 from app.batch.worker import LoadOutline, StudyJob
 from app.threads import usable_cpus
@@ -22,6 +21,7 @@ from db.review import CorrectionLimits
 from ingestion.catalog import FileRecord
 from ingestion.selection import SelectionRules
 from ingestion.work_index import ScanCounts
+from model.measurer.results import ModelInfo
 
 __all__ = [
     "PROBLEMS_KEPT",
@@ -31,6 +31,7 @@ __all__ = [
     "BatchSummary",
     "Loaded",
     "MeasuredStudy",
+    "ModelIdentity",
     "default_work_dir",
     "default_workers",
     "inference_threads",
@@ -97,7 +98,7 @@ class BatchSummary:
     root: Path
     work_dir: Path
     started_at: datetime
-    model: dict[str, Any]
+    model: dict[str, str | bool]  # name, version, checkpoint_hash, not_for_clinical_use
     scan: ScanCounts = field(default_factory=ScanCounts)
     studies: int = 0
     stored: int = 0
@@ -130,7 +131,7 @@ class BatchSummary:
             return 2
         return 1 if self.problems or self.interrupted or self.aborted else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "root": str(self.root),
             "work_dir": str(self.work_dir),
@@ -157,6 +158,31 @@ class BatchSummary:
             "aborted": self.aborted or None,
             "exit_code": self.exit_code,
         }
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the driver needs of the model: its name and version and its checkpoint's hash
+    (``app.measuring.run_identity``), read from the directory without loading any weight."""
+
+    info: ModelInfo
+    checkpoint_hash: str
+    directory: Path
+
+    @classmethod
+    def of(cls, directory: Path) -> ModelIdentity:
+        """``ModelError`` when ``directory`` is not a measurer checkpoint."""
+        from ingestion.errors import ModelError
+        from model.measurer.checkpoint import SETTINGS_NAME, MeasurerSettings, checkpoint_hash
+
+        path = directory / SETTINGS_NAME
+        try:
+            settings = MeasurerSettings.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"{directory} is not a radcaliper measurer checkpoint: cannot read {path} ({exc})"
+            ) from None
+        return cls(settings.model_info(), checkpoint_hash(directory), directory.resolve())
 
 
 class BatchListener(Protocol):

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.batch.local import LocalEngine
 from app.batch.measure import (
+    DeferredMeasurer,
     StudyStored,
     database_reason,
 )
@@ -28,16 +29,20 @@ from app.batch.options import (
     BatchSummary,
     Loaded,
     MeasuredStudy,
+    ModelIdentity,
 )
 from app.batch.report import write_report
 from app.batch.state import BatchState, DoneEntry, Outcome, StudyRecord
 from app.batch.worker import LoadOutline, StudyJob
-from app.measuring import run_identity
+from app.measuring import NamedModel, run_identity
 from db.engine import Store
-from ingestion.catalog import FileStatus
+from ingestion.catalog import FileRecord, FileStatus
 from ingestion.errors import ConfigurationError, NothingToExportError, StorageError
 from ingestion.selection import Note, NoteKind, SelectionRules, StudyPlan, plan_study
 from ingestion.work_index import WorkIndex
+
+if TYPE_CHECKING:
+    from model.measurer.protocol import Measurer
 
 __all__ = ["run_batch"]
 
@@ -93,7 +98,7 @@ class _Planned:
         return StudyJob(self.uid, series, all_series)
 
 
-def _signature(plan_input: list[Any], rules: SelectionRules) -> str:
+def _signature(plan_input: list[FileRecord], rules: SelectionRules) -> str:
     digest = hashlib.sha256(repr(sorted(rules.to_json().items())).encode())
     for record in plan_input:
         digest.update(b"\0" + os.fsencode(record.path))
@@ -115,7 +120,7 @@ class _Runner:
         self,
         options: BatchOptions,
         store: Store,
-        measurer: Any,
+        measurer: NamedModel,
         engine: BatchEngine,
         index: WorkIndex,
         state: BatchState,
@@ -367,7 +372,7 @@ def run_batch(
     options: BatchOptions,
     *,
     store: Store,
-    measurer: Any,
+    measurer: Measurer | DeferredMeasurer | ModelIdentity,
     listener: BatchListener | None = None,
     engine: BatchEngine | None = None,
 ) -> BatchSummary:
@@ -402,7 +407,10 @@ def run_batch(
         WorkIndex(options.work_dir / INDEX_NAME) as index,
         BatchState(options.work_dir / STATE_NAME) as state,
     ):
-        engine = engine or LocalEngine(options, store, measurer)
+        if engine is None:
+            if isinstance(measurer, ModelIdentity):
+                raise ValueError("a ModelIdentity cannot measure: give the engine that does")
+            engine = LocalEngine(options, store, measurer)
         try:
             summary.scan = index.scan(
                 options.root,

@@ -342,7 +342,8 @@ def _run_on_ray(
     connect_timeout: float,
 ) -> Any:
     """The batch on Ray: the model named from its directory (its weights load in the workers)."""
-    from app.batch.ray_engine import ModelIdentity, RayEngine, RayOptions
+    from app.batch.options import ModelIdentity
+    from app.batch.ray_engine import RayEngine, RayOptions
     from app.batch.run import run_batch
     from ingestion.errors import ModelError
     from model.measurer.checkpoint import default_checkpoint

@@ -347,7 +347,8 @@ def _click(
     volume = context.volume(study["source"], study["series_instance_uid"])
     x, y = (float(v) for v in evt.index)
     row, column = index_of(volume, zoom, x, y)
-    point = tuple(float(v) for v in volume.geometry.index_to_lps((int(index), row, column)))
+    lps = volume.geometry.index_to_lps((int(index), row, column))
+    point = (float(lps[0]), float(lps[1]), float(lps[2]))
     finding = context.measurer().measure_at(volume, point)
     text = (
         "the model sees nothing it can measure there"
