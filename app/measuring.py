@@ -10,17 +10,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from db.engine import Store
     from db.store import RunIdentity, StoreOutcome
     from ingestion.volume import Volume
-    from model.measurer.results import StudyResult
+    from model.measurer.protocol import Measurer
+    from model.measurer.results import ModelInfo, StudyResult
 
 __all__ = [
     "RUN_SETTINGS",
     "Measured",
+    "NamedModel",
     "measure_and_store",
     "run_identity",
     "store_measured",
@@ -37,7 +39,19 @@ class Measured:
     stored: StoreOutcome | None  # None: not stored (no store given)
 
 
-def run_identity(measurer: Any, fingerprint: str) -> RunIdentity:
+class NamedModel(Protocol):
+    """What names a stored run's model: a batch skips the studies stored before by it.
+    a measurer (``model.measurer.protocol.Measurer``), ``app.batch.measure.DeferredMeasurer``
+    or ``app.batch.ray_engine.ModelIdentity``."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def checkpoint_hash(self) -> str: ...
+
+
+def run_identity(measurer: NamedModel, fingerprint: str) -> RunIdentity:
     """The identity of ``measurer``'s run on an input with this fingerprint."""
     from db.store import RunIdentity
 
@@ -50,7 +64,7 @@ def run_identity(measurer: Any, fingerprint: str) -> RunIdentity:
 
 def store_study(
     store: Store,
-    measurer: Any,
+    measurer: Measurer,
     measured: Sequence[tuple[StudyResult, Volume, str]],
     *,
     started_at: datetime,
@@ -80,7 +94,7 @@ def store_study(
 
 def store_measured(
     store: Store,
-    measurer: Any,
+    measurer: Measurer,
     result: StudyResult,
     volume: Volume,
     *,
@@ -104,7 +118,7 @@ def store_measured(
 
 
 def measure_and_store(
-    measurer: Any,
+    measurer: Measurer,
     volume: Volume,
     *,
     source: str,

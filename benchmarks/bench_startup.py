@@ -96,7 +96,7 @@ step("import transformers.modeling_utils")
 import model.circle_rope.modeling
 import model.measurer.infer.pipeline
 step("import the model's modules")
-from app.cli_model import load_measurer
+from app.cli.loading import load_measurer
 measurer = load_measurer(None)
 step("load the checkpoint (weights, tokenizer)")
 import ingestion.prepare

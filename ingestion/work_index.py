@@ -40,7 +40,8 @@ SCHEMA_VERSION = "3"  # 3: rejected files keep their SOPInstanceUID
 _COMMIT_EVERY = 500
 
 # Reads the headers of chunks of files (``catalog_file`` each) and yields each chunk's records,
-# in any order: in this process (``read_headers_here``) or spread over a cluster (app.batch_ray).
+# in any order: in this process (``read_headers_here``) or spread over a cluster
+# (app.batch.ray_engine).
 HeaderReader = Callable[[Iterator[list[Path]]], Iterator[list[FileRecord]]]
 
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from db.engine import Store
 from db.logins import LoginLimits
@@ -16,6 +16,9 @@ from db.models import Role, User
 from db.review import CorrectionLimits
 from ingestion.errors import AccessDeniedError, ModelError
 from ingestion.volume import Modality, Volume
+
+if TYPE_CHECKING:
+    from model.measurer.protocol import Measurer
 
 __all__ = ["UiContext"]
 
@@ -37,7 +40,7 @@ class UiContext:
     # in this server at once (the server sets both; other servers end them at the next request)
     login_limits: LoginLimits = field(default_factory=LoginLimits)
     end_sessions: Callable[[str], int] = field(default=lambda _: 0, repr=False)
-    _measurer: Any = field(default=None, repr=False)
+    _measurer: Measurer | None = field(default=None, repr=False)
     _volumes: OrderedDict[tuple[str, str], Volume] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -65,7 +68,8 @@ class UiContext:
 
     # --- the model and the images ---------------------------------------------------------------
 
-    def measurer(self) -> Any:
+    def measurer(self) -> Measurer:
+        """The model the UI measures with (loaded at the first call)."""
         with self._lock:
             if self._measurer is None:
                 from model.measurer.checkpoint.settings import default_checkpoint

@@ -14,11 +14,15 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
 from db.engine import Store
 from db.models import Role, Study, User
+
+if TYPE_CHECKING:
+    from model.measurer.protocol import Measurer
 
 __all__ = ["DEMO_REAL_CASE", "DEMO_SEED", "DEMO_USERS", "demo_real_study", "seed_demo"]
 
@@ -51,7 +55,7 @@ def _count(store: Store, table: type) -> int:
 
 def seed_demo(
     store: Store,
-    measurer: object,
+    measurer: Measurer,
     data_dir: Path,
     *,
     on_step: Callable[[str], None] | None = None,

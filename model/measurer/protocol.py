@@ -24,6 +24,12 @@ class Measurer(Protocol):
         """Name, version and numeric mode of the model (every output carries it)."""
         ...
 
+    @property
+    def checkpoint_hash(self) -> str:
+        """sha256 of the checkpoint's files: with ``info``, what a stored run names its model by
+        (a result is stored once per model and input)."""
+        ...
+
     def measure(self, volume: Volume, *, source: str) -> StudyResult:
         """All findings of ``volume`` with their measurements and calibrated ranges.
 

@@ -30,8 +30,8 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner, Result
 
 from app.batch import BatchOptions, run_batch
-from app.batch_pool import measuring_processes, process_memory_bytes
-from app.batch_report import report_paths
+from app.batch.pool import measuring_processes, process_memory_bytes
+from app.batch.report import report_paths
 from app.cli import app
 from db.engine import Store, open_store
 from db.migrate import upgrade
@@ -420,7 +420,7 @@ def test_inference_gets_the_cpus_the_loaders_leave_and_the_threads_are_restored(
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(measurer, "measure", counting)
-    monkeypatch.setattr("app.batch.usable_cpus", lambda: 3)  # as if under taskset -c 0-2
+    monkeypatch.setattr("app.batch.options.usable_cpus", lambda: 3)  # as if under taskset -c 0-2
     before = torch.get_num_threads()
     options = BatchOptions(
         root=tmp_path / "tree",
@@ -458,7 +458,7 @@ def test_a_database_failure_stops_the_batch_and_keeps_the_report(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("INSERT ...", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr("app.batch_measure.store_study", broken)
+    monkeypatch.setattr("app.batch.measure.store_study", broken)
     options = BatchOptions(
         root=tmp_path / "tree",
         work_dir=tmp_path / "work",
@@ -502,7 +502,7 @@ def test_measuring_processes_store_what_this_process_stores(
     measurer: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Two measuring processes (``app.batch_pool``), each storing its studies itself, leave the
+    """Two measuring processes (``app.batch.pool``), each storing its studies itself, leave the
     rows the batch process leaves when it measures alone."""
     write_phantoms(tmp_path / "tree", n=3, seed=12, spec=SMALL)
     rows = []
@@ -514,7 +514,7 @@ def test_measuring_processes_store_what_this_process_stores(
             workers=1,
             measurers=measurers,
         )
-        with caplog.at_level(logging.INFO, logger="app.batch_pool"):
+        with caplog.at_level(logging.INFO, logger="app.batch.pool"):
             done = run_batch(options, store=store, measurer=measurer)
         assert (done.stored, done.failed, done.exit_code) == (3, 0, 0)
         rows.append(stored_rows(store))
@@ -529,14 +529,14 @@ def test_measuring_processes_follow_the_cpus_and_the_memory(
 
     model = default_checkpoint()
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
-    monkeypatch.setattr("app.batch_pool.available_memory", lambda: 64 << 30)
-    monkeypatch.setattr("app.batch_pool.usable_cpus", lambda: 2)
+    monkeypatch.setattr("app.batch.pool.available_memory", lambda: 64 << 30)
+    monkeypatch.setattr("app.batch.pool.usable_cpus", lambda: 2)
     assert measuring_processes(1, model, url) == 2  # the loader waits most of the time
     assert measuring_processes(0, model, url) == 2
     assert measuring_processes(2, model, url) == 1
-    monkeypatch.setattr("app.batch_pool.usable_cpus", lambda: 16)
+    monkeypatch.setattr("app.batch.pool.usable_cpus", lambda: 16)
     assert measuring_processes(8, model, url) == 9
-    monkeypatch.setattr("app.batch_pool.available_memory", lambda: 5 * process_memory_bytes(model))
+    monkeypatch.setattr("app.batch.pool.available_memory", lambda: 5 * process_memory_bytes(model))
     assert measuring_processes(8, model, url) == 2  # half the memory holds two
     assert measuring_processes(1, None, url) == 1  # no directory to load the model from
     assert measuring_processes(1, model, "sqlite://") == 1  # a database only this process has
@@ -551,7 +551,7 @@ def test_without_gpu_device_files_the_batch_process_does_not_import_torch(
 
     ask = (
         "import sys\n"
-        "import app.batch_pool as pool\n"
+        "import app.batch.pool as pool\n"
         "pool._GPU_DEVICES = tuple(sys.argv[1:])\n"
         f"n = pool.measuring_processes(1, pool.Path({str(default_checkpoint())!r}), "
         f"{'sqlite:///' + str(tmp_path / 'store.sqlite3')!r})\n"

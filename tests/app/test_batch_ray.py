@@ -34,7 +34,7 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from app.batch_ray import worker_url
+from app.batch.ray_engine import worker_url
 from app.cli import app
 from db.engine import Store
 from db.models import Run

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.cli_model import DATASET_BEGIN, DATASET_END
+from app.cli.evaluate import DATASET_BEGIN, DATASET_END
 from ingestion.dataset.format import read_dataset
 from ingestion.phantoms import write_phantoms
 from model.measurer.checkpoint.settings import SETTINGS_NAME

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.cli_model import RESULTS_BEGIN, RESULTS_END, _with_steps
+from app.cli.evaluate import RESULTS_BEGIN, RESULTS_END
+from app.cli.train import with_steps
 
 runner = CliRunner()
 
@@ -108,9 +109,9 @@ def test_steps_split_over_the_stages_in_their_proportions(
 
     stages = tuple(Stage(f"s{i}", n, 1e-3, warmup_steps=1) for i, n in enumerate(lengths))
     config = TrainConfig.tiny(seed=0, stages=stages)
-    changed = _with_steps(config, 100)
+    changed = with_steps(config, 100)
     assert [s.steps for s in changed.stages] == expected
     assert [s.name for s in changed.stages] == [s.name for s in config.stages]
     assert changed.seed == config.seed and changed.numeric_mode == config.numeric_mode
-    fewer = _with_steps(config, len(lengths) - 1)  # fewer steps than stages: the first get one
+    fewer = with_steps(config, len(lengths) - 1)  # fewer steps than stages: the first get one
     assert [s.steps for s in fewer.stages] == [1] * (len(lengths) - 1) + [0]

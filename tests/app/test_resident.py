@@ -27,11 +27,11 @@ from app.cli import app
 from app.console import consoles_writing_to, err, out
 from app.resident import (
     PROTOCOL,
+    KeptModels,
     ResidentError,
     code_fingerprint,
     forward,
     keeping_models,
-    kept_model,
     listen,
     peer_uid,
     receive_message,
@@ -266,6 +266,10 @@ def test_a_malformed_request_is_refused_and_the_resident_goes_on(
     assert _own_state(resident.process.pid) == before
 
 
+def _never_run(argv: list[str]) -> int:
+    raise AssertionError(f"a refused request ran {argv}")
+
+
 def test_a_refused_request_leaves_the_environment_folder_and_umask_as_they_were(
     tmp_path: Path,
 ) -> None:
@@ -294,7 +298,7 @@ def test_a_refused_request_leaves_the_environment_folder_and_umask_as_they_were(
             client, server = socket.socketpair(socket.AF_UNIX)
             with client, server:
                 send_message(client, request)
-                serve_connection(server, code_fingerprint(), since=cpu_times())
+                serve_connection(server, code_fingerprint(), since=cpu_times(), run=_never_run)
                 answer = receive_message(client)
             assert answer is not None and "refused" in answer, (change, answer)
             assert dict(os.environ) == saved_env, change
@@ -395,6 +399,7 @@ def test_the_socket_is_the_owners_only(tmp_path: Path) -> None:
 def test_kept_models_are_loaded_again_when_their_files_change(tmp_path: Path) -> None:
     (tmp_path / "weights").write_bytes(b"1")
     loads: list[int] = []
+    kept_model = KeptModels[int]().get
 
     def load() -> int:
         loads.append(1)

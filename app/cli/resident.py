@@ -1,17 +1,53 @@
 """``radcaliper resident``: keep the libraries and the model loaded for ``radcaliper measure``
-(``app.resident``; registered on the ``radcaliper`` app by ``app.cli``)."""
+(``app.resident``; registered on the ``radcaliper`` app by ``app.cli.root``). The command the
+resident runs for its clients is this command line's own (:func:`_runner`), handed to
+``app.resident.serve``."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
+import click
 import typer
 
 from app.console import EXIT_NOTHING, EXIT_OK, err, safe, settings_of
 
+if TYPE_CHECKING:
+    from app.resident import Command
+
 __all__ = ["resident"]
+
+logger = logging.getLogger(__name__)
+
+
+def _runner(ctx: typer.Context) -> Command:
+    """What the resident runs for a client: ``radcaliper ARGV`` on this command line (the root
+    command of ``ctx``) in this process; its exit status."""
+    command = ctx.find_root().command
+
+    def run(argv: list[str]) -> int:
+        try:
+            status = command.main(args=argv, prog_name="radcaliper", standalone_mode=False)
+        except click.ClickException as exc:
+            exc.show()
+            return exc.exit_code
+        except click.exceptions.Exit as exc:
+            return int(exc.exit_code)
+        except click.Abort:
+            err.print("Aborted.")
+            return 1
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # a bug: the client gets one line, the resident's log the traceback
+            logger.exception("measure failed in the resident")
+            err.print("[red]error:[/red] measuring failed in the resident; see its log")
+            return 1
+        return status if isinstance(status, int) else 0
+
+    return run
 
 
 def resident(
@@ -45,7 +81,7 @@ def resident(
     Listens at DATA_DIR/resident.sock (owner only; a data dir of another user, or one that
     others may write, is refused). 'measure --no-resident' never uses it.
     """
-    from app.cli_model import load_measurer
+    from app.cli.loading import load_measurer
     from app.resident import ResidentError, keeping_models, listen, serve
     from ingestion.errors import ConfigurationError
 
@@ -61,7 +97,7 @@ def resident(
             import ingestion.prepare  # noqa: F401  # MONAI, loaded now rather than at the first study
             from ingestion.load import load_path  # noqa: F401
 
-            model = measurer.settings
+            model = measurer.info
             label = " (NOT FOR CLINICAL USE)" if model.not_for_clinical_use else ""
             err.print(
                 f"resident: pid {os.getpid()}, model {safe(model.name)} {safe(model.version)}"
@@ -69,7 +105,11 @@ def resident(
                 "commands here. Ctrl-C stops it.",
                 highlight=False,
             )
-            serve(listener, idle_exit_s=idle_exit * 60 if idle_exit > 0 else None)
+            serve(
+                listener,
+                idle_exit_s=idle_exit * 60 if idle_exit > 0 else None,
+                run=_runner(ctx),
+            )
     finally:
         listener.close()
     raise typer.Exit(EXIT_OK)

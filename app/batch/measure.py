@@ -1,5 +1,5 @@
 """Measuring and storing one study's loaded series: the batch's measuring step, run in the batch
-process (the local engine) or in a measuring worker on a cluster (``app.batch_ray``).
+process (the local engine) or in a measuring worker on a cluster (``app.batch.ray_engine``).
 
 It never raises for a series the model refuses or a bug on one input (the series becomes a
 failure with its reason), and reports a database that fails as :attr:`StudyStored.database_error`
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from app.batch_worker import LoadedSeries
+from app.batch.worker import LoadedSeries
 from app.measuring import store_study
 from db.engine import Store
 from ingestion.errors import ModelError, PreparationError, StorageError
@@ -28,7 +28,8 @@ from ingestion.volume import Volume
 from model.measurer.results import ModelInfo, StudyResult
 
 if TYPE_CHECKING:
-    from model.measurer.infer.pipeline import CheckpointMeasurer
+    from model.measurer.infer import CheckpointMeasurer
+    from model.measurer.protocol import Measurer
 
 __all__ = [
     "DeferredMeasurer",
@@ -75,14 +76,14 @@ class DeferredMeasurer:
         self,
         info: ModelInfo,
         checkpoint_hash: str,
-        load: Callable[[], Any],
+        load: Callable[[], Measurer],
         directory: Path | None = None,
     ) -> None:
         self.info = info
         self.checkpoint_hash = checkpoint_hash
         self.directory = directory  # where a measuring process loads the model from
         self._load = load
-        self._measurer: Any = None
+        self._measurer: Measurer | None = None
 
     @classmethod
     def of(cls, directory: Path) -> DeferredMeasurer:
@@ -93,14 +94,14 @@ class DeferredMeasurer:
 
         info = read_settings(directory).model_info()
 
-        def load() -> Any:
-            from model.measurer.infer.pipeline import CheckpointMeasurer
+        def load() -> Measurer:
+            from model.measurer.infer import CheckpointMeasurer
 
             return CheckpointMeasurer.load(directory)
 
         return cls(info, checkpoint_hash(directory), load, directory.resolve())
 
-    def load(self) -> Any:
+    def load(self) -> Measurer:
         """The measurer, loaded on the first call (``ModelError`` when it cannot be)."""
         if self._measurer is None:
             self._measurer = self._load()
@@ -137,7 +138,7 @@ def database_reason(exc: BaseException) -> str:
 
 
 def measure_and_store_study(
-    measurer: Any,
+    measurer: Measurer,
     store: Store,
     series: Sequence[LoadedSeries],
     *,

@@ -16,11 +16,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from app.cli_batch import batch
-from app.cli_dataset import dataset_app
-from app.cli_model import calibrate, evaluate, export_model, measure, serve, train
-from app.cli_resident import resident
-from app.cli_store import DbOption, audit_app, checked, db_app, open_database, users_app
+from app.cli.batch import batch
+from app.cli.calibrate import calibrate
+from app.cli.dataset import dataset_app
+from app.cli.evaluate import evaluate
+from app.cli.measure import measure
+from app.cli.resident import resident
+from app.cli.serve import serve
+from app.cli.store import DbOption, audit_app, checked, db_app, open_database, users_app
+from app.cli.train import export_model, train
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
 from app.logs import configure_logging
 
@@ -245,7 +249,3 @@ def main() -> None:
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         sys.exit(EXIT_NOTHING)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

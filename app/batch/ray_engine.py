@@ -2,7 +2,7 @@
 a Ray cluster").
 
 The batch process (the *driver*) still walks the tree, plans and skips studies, keeps the work
-index and the resume state and writes the report (``app.batch``); :class:`RayEngine` runs the
+index and the resume state and writes the report (``app.batch.run``); :class:`RayEngine` runs the
 rest on the cluster:
 
 - the **header reads** of the scan, as tasks of :data:`SCAN_CHUNK` files each;
@@ -11,7 +11,7 @@ rest on the cluster:
   through the driver;
 - the **measuring and storing**, in actors (*measuring workers*) that load the model once, on
   CPUs or ``gpus_per_worker`` GPUs each, and store each study in one transaction
-  (``app.batch_measure``), straight into the database.
+  (``app.batch.measure``), straight into the database.
 
 Faults: a load task whose process dies is retried (Ray's task retries); a measuring worker that
 dies is restarted, on any node, and its study retried. Storing is idempotent (unique runs), so a
@@ -31,7 +31,6 @@ where no Ray cluster answers, is given up at the deadline (``ConfigurationError`
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import math
 import signal
@@ -39,25 +38,23 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Protocol
 
-from app.batch import BatchOptions, Loaded, MeasuredStudy
-from app.batch_measure import StudyStored, measure_and_store_study, open_worker, unexpected
-from app.batch_worker import LoadedSeries, LoadOutline, StudyJob, load_study
+from app.batch.measure import StudyStored, measure_and_store_study, open_worker, unexpected
+from app.batch.options import BatchOptions, Loaded, MeasuredStudy, ModelIdentity
+from app.batch.worker import LoadedSeries, LoadOutline, StudyJob, load_study
 from app.threads import usable_cpus
 from db.engine import Store, in_memory
 from ingestion.catalog import FileRecord, catalog_file
 from ingestion.errors import ConfigurationError
-from model.measurer.results import ModelInfo
 
 __all__ = [
     "RAY_MISSING",
     "SCAN_CHUNK",
-    "ModelIdentity",
     "RayEngine",
     "RayOptions",
     "import_ray",
@@ -80,35 +77,6 @@ def import_ray() -> ModuleType:
         return importlib.import_module("ray")
     except ImportError:
         raise ConfigurationError(RAY_MISSING) from None
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What the driver needs of the model: its name and version and its checkpoint's hash
-    (``app.measuring.run_identity``), read from the directory without loading any weight."""
-
-    info: ModelInfo
-    checkpoint_hash: str
-    directory: Path
-
-    @classmethod
-    def of(cls, directory: Path) -> ModelIdentity:
-        """``ModelError`` when ``directory`` is not a measurer checkpoint."""
-        from ingestion.errors import ModelError
-        from model.measurer.checkpoint.settings import (
-            SETTINGS_NAME,
-            MeasurerSettings,
-            checkpoint_hash,
-        )
-
-        path = directory / SETTINGS_NAME
-        try:
-            settings = MeasurerSettings.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            raise ModelError(
-                f"{directory} is not a radcaliper measurer checkpoint: cannot read {path} ({exc})"
-            ) from None
-        return cls(settings.model_info(), checkpoint_hash(directory), directory.resolve())
 
 
 @dataclass(frozen=True)
@@ -218,6 +186,22 @@ class MeasuringWorker:
 # --- the engine (in the driver) ------------------------------------------------------------
 
 
+class _RemoteMethod(Protocol):
+    """An actor's method as Ray shows it to the driver: ``.remote(...)`` gives a reference."""
+
+    def remote(self, *args: object) -> Hashable: ...
+
+
+class _WorkerHandle(Protocol):
+    """A :class:`MeasuringWorker` actor's handle in the driver."""
+
+    @property
+    def identity(self) -> _RemoteMethod: ...
+
+    @property
+    def measure(self) -> _RemoteMethod: ...
+
+
 class RayEngine:
     """``app.batch.BatchEngine`` on a Ray cluster; a context manager that connects (or starts a
     Ray instance on this machine), starts the measuring workers, checks that each loaded the
@@ -240,10 +224,10 @@ class RayEngine:
         self.read_task = self.ray.remote(_read_headers).options(max_retries=RETRIES)
         self.level = logging.getLogger().getEffectiveLevel()
         self.started = False
-        self.workers: list[Any] = []
+        self.workers: list[_WorkerHandle] = []
         self.busy: list[int] = []  # studies in flight per worker
-        self.pending: dict[Any, tuple[int, str]] = {}  # ref -> (key, "load" | "measure")
-        self.volumes: dict[int, Any] = {}  # key -> ref of its loaded series
+        self.pending: dict[Hashable, tuple[int, str]] = {}  # ref -> (key, "load" | "measure")
+        self.volumes: dict[int, Hashable] = {}  # key -> ref of its loaded series
         self.on_worker: dict[int, int] = {}  # key -> the worker measuring it
         self.nodes = 0
         self.cpus = 0.0
@@ -360,7 +344,7 @@ class RayEngine:
     def read_headers(self, chunks: Iterator[list[Path]]) -> Iterator[list[FileRecord]]:
         ray = self.ray
         window = max(2, int(2 * self.cpus))
-        inflight: dict[Any, list[Path]] = {}
+        inflight: dict[Hashable, list[Path]] = {}
 
         def finished() -> Iterator[list[FileRecord]]:
             done, _ = ray.wait(list(inflight), num_returns=1)

@@ -22,15 +22,15 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from app.batch_state import BatchState
+from app.batch.state import BatchState
 from ingestion.catalog import FileRecord, FileStatus
 from ingestion.selection import Note, NoteKind
 from ingestion.work_index import WorkIndex
 
 if TYPE_CHECKING:
-    from app.batch import BatchSummary
+    from app.batch.options import BatchSummary
 
 __all__ = ["CSV_COLUMNS", "report_paths", "write_report"]
 
@@ -55,7 +55,7 @@ def report_paths(path: Path) -> tuple[Path, Path]:
     return base.with_name(base.name + ".json"), base.with_name(base.name + ".csv")
 
 
-def _file_entry(record: FileRecord) -> dict[str, Any]:
+def _file_entry(record: FileRecord) -> dict[str, object]:
     return {
         "path": os.fsdecode(record.path),
         "study_instance_uid": None,
@@ -65,7 +65,7 @@ def _file_entry(record: FileRecord) -> dict[str, Any]:
     }
 
 
-def _note_entry(study_uid: str, note: Note) -> dict[str, Any]:
+def _note_entry(study_uid: str, note: Note) -> dict[str, object]:
     return {
         "path": None if note.path is None else os.fsdecode(note.path),
         "study_instance_uid": study_uid,
@@ -75,7 +75,7 @@ def _note_entry(study_uid: str, note: Note) -> dict[str, Any]:
     }
 
 
-def _entries(index: WorkIndex, state: BatchState, kind: NoteKind) -> Iterator[dict[str, Any]]:
+def _entries(index: WorkIndex, state: BatchState, kind: NoteKind) -> Iterator[dict[str, object]]:
     status = FileStatus.REJECTED if kind is NoteKind.REJECTED else FileStatus.SKIPPED
     for record in index.files(status):
         yield _file_entry(record)
@@ -83,7 +83,7 @@ def _entries(index: WorkIndex, state: BatchState, kind: NoteKind) -> Iterator[di
         yield _note_entry(study_uid, note)
 
 
-def _json_list(handle: IO[str], key: str, items: Iterator[dict[str, Any]]) -> None:
+def _json_list(handle: IO[str], key: str, items: Iterator[dict[str, object]]) -> None:
     handle.write(f',\n"{key}": [')
     separator = "\n"
     for item in items:

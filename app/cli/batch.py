@@ -1,6 +1,6 @@
 """``radcaliper batch``: every study under a folder tree (registered on the app by ``app.cli``).
 
-The work is in ``app.batch``; this module reads the options, draws the progress and turns the
+The work is in ``app.batch.run``; this module reads the options, draws the progress and turns the
 outcome into one summary, the report files and the exit status.
 """
 
@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from app.cli_model import deferred_measurer
-from app.cli_store import DbOption, checked, open_database
+from app.cli.loading import deferred_measurer
+from app.cli.store import DbOption, checked, open_database
 from app.console import EXIT_NOTHING, cli_actor, err, out, settings_of
 from app.progress import progress_display
 
@@ -225,7 +225,8 @@ def batch(
     are stored), 2 nothing could run (no ROOT, no study under it, an unusable database or
     model, no Ray for --engine ray, or another batch in the work folder).
     """
-    from app.batch import BatchOptions, default_work_dir, default_workers, run_batch
+    from app.batch.options import BatchOptions, default_work_dir, default_workers
+    from app.batch.run import run_batch
     from app.files import owner_only_dir
     from ingestion.errors import ConfigurationError, ModelError
     from ingestion.selection import SelectionRules
@@ -313,7 +314,7 @@ def batch(
 
 def _check_ray(workers: int | None, gpus_per_worker: float, connect_timeout: float) -> None:
     """Ray installed and the options valid, before the database is opened (exit 2 if not)."""
-    from app.batch_ray import RayOptions, import_ray
+    from app.batch.ray_engine import RayOptions, import_ray
     from ingestion.errors import ConfigurationError
 
     try:
@@ -341,8 +342,9 @@ def _run_on_ray(
     connect_timeout: float,
 ) -> Any:
     """The batch on Ray: the model named from its directory (its weights load in the workers)."""
-    from app.batch import run_batch
-    from app.batch_ray import ModelIdentity, RayEngine, RayOptions
+    from app.batch.options import ModelIdentity
+    from app.batch.ray_engine import RayEngine, RayOptions
+    from app.batch.run import run_batch
     from ingestion.errors import ModelError
     from model.measurer.checkpoint.settings import default_checkpoint
 

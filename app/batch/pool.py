@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.batch_measure import StudyStored, measure_and_store_study, open_worker
-from app.batch_worker import LoadedSeries, start_worker
+from app.batch.measure import StudyStored, measure_and_store_study, open_worker
+from app.batch.worker import LoadedSeries, start_worker
 from app.threads import usable_cpus
 from db.engine import in_memory
 from ingestion.errors import ModelError

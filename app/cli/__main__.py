@@ -1,0 +1,5 @@
+"""``python -m app.cli``: the ``radcaliper`` command line."""
+
+from app.cli import main
+
+main()
