@@ -6,7 +6,7 @@ Usage (from the repository root, in the project's virtualenv)::
                                           [--batch 1] [--hidden 64] [--layers 2]
                                           [--model DIR]
 
-Model: the tiny random Qwen2.5-VL of ``tests/model/test_numeric_lm.py`` (hidden 64, 2 layers,
+Model: the tiny random Qwen2.5-VL of ``tests/support/models.py`` (hidden 64, 2 layers,
 4 heads / 2 kv heads, vocabulary 300, float32, sdpa, eval); ``--hidden`` / ``--layers`` scale the
 text model (heads stay 4 / 2). Nothing is downloaded. ``--threads N`` sets torch's threads and,
 before NumPy loads, ``OPENBLAS_NUM_THREADS`` (the codec's small-batch decode path runs in NumPy),

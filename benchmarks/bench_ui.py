@@ -33,11 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "app"))
 
 from _machine import load, machine
 
-from test_ui import CHROMIUM, CHROMIUM_ARGS
+from tests.support.ui import CHROMIUM, CHROMIUM_ARGS
 
 PASSWORD = "benchmark password"
 
@@ -56,7 +55,7 @@ def _server(root: Path) -> tuple[str, object, object]:
     from db.users import add_user
     from ingestion.phantoms import PhantomSpec, write_phantoms
 
-    from test_ui import _Measurer, _result_from_truth
+    from tests.support.ui import _Measurer, _result_from_truth
 
     spec = PhantomSpec(matrix_size=(288, 288), slice_count=(60, 60))
     write_phantoms(root / "studies", n=1, seed=5, spec=spec)

@@ -186,7 +186,12 @@ def _gpu_tests() -> str:
     done = subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"),
-            *("-W", "default", "tests/model/test_gpu.py", "tests/model/test_codec.py"),
+            *(
+                "-W",
+                "default",
+                "tests/model/numeric/test_gpu.py",
+                "tests/model/numeric/test_codec.py",
+            ),
         ],
         cwd=ROOT,
         capture_output=True,

@@ -44,7 +44,7 @@ Lesion (:func:`lesion_axes`, one 3-D connected component):
 
 Measured on centre-sampled ellipses (random sizes, rotations, pixel spacing 0.5-1.5 mm,
 oblique planes; per band of the semi-minor axis b, the semi-major uniform in [b, 60] px: 250
-for b >= 8 px, 1,260 for each thinner band; tests/ingestion/test_recist.py), in pixels along
+for b >= 8 px, 1,260 for each thinner band; tests/ingestion/dataset/test_recist.py), in pixels along
 the axis: the short axis within 0.5 px for every one (worst 0.50 px); the long axis within
 0.5 px for every one with b >= 8 px (worst 0.27 px), 99.8 % for 5 <= b < 8 (worst 0.75 px),
 96.7 % for 3 <= b < 5 (worst 0.94 px; 98.5 % and 89.9 % without the labels' refinement): a

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from app.cli import app
 from ingestion.dataset.format import read_dataset
 
-from conftest import SeriesFactory, WrittenSeries, fixed_uid
+from tests.support.series import SeriesFactory, WrittenSeries, fixed_uid
 
 runner = CliRunner()
 PIXEL_MM = 0.8  # the series' pixel spacing (row and column)

@@ -24,7 +24,7 @@ from ingestion.load import load_path
 from ingestion.phantoms import write_phantoms
 from ingestion.volume import Volume
 
-from test_sr import AXES, _store, _values
+from tests.support.sr import AXES, sr_values, store_study
 
 LIMITS = CorrectionLimits()  # the default limits (the command line: the settings')
 CORRECTED = 9.25  # the reviewer's short axis: shorter than the long axis, else no lesion
@@ -55,15 +55,15 @@ def test_an_exported_study_imports_with_its_current_values(
     sqlite_store: Store, study: tuple[Path, Volume], tmp_path: Path
 ) -> None:
     dicom, volume = study
-    study_uid = _store(sqlite_store, volume)
-    assert _values(volume)[0] > CORRECTED
+    study_uid = store_study(sqlite_store, volume)
+    assert sr_values(volume)[0] > CORRECTED
     with sqlite_store.reader() as session:
         pending = export_study_sr(session, study_uid, tmp_path / "pending")
         slices = {f.kind: f.slice_index for f in session.execute(select(Finding)).scalars()}
     before = import_sr(pending.path, images=dicom, limits=LIMITS)
     assert not before.skipped
     lesion, vessel = sorted(before.findings, key=lambda f: f.kind)
-    assert (lesion.long_axis_mm, lesion.short_axis_mm, vessel.diameter_mm) == _values(volume)
+    assert (lesion.long_axis_mm, lesion.short_axis_mm, vessel.diameter_mm) == sr_values(volume)
     assert lesion.slice_index == slices["lesion"] and vessel.slice_index == slices["vessel"]
     for got, k, on in (
         (lesion.long_axis_lps_mm, 0, "lesion"),
@@ -109,7 +109,7 @@ def test_an_exported_study_imports_with_its_current_values(
     (lesion_after,) = after.findings  # the vessel's only measurement was rejected: absent
     assert lesion_after.kind == "lesion"
     assert (lesion_after.long_axis_mm, lesion_after.short_axis_mm) == (
-        _values(volume)[0],
+        sr_values(volume)[0],
         CORRECTED,
     )
     assert lesion_after.short_axis_lps_mm is None  # a corrected value carries no axis

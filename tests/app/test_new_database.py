@@ -20,7 +20,7 @@ from db.migrate import head_revision, upgrade
 from db.models import Run
 from ingestion.phantoms import write_phantoms
 
-from batch_helpers import SMALL
+from tests.support.batch import SMALL
 
 runner = CliRunner()
 

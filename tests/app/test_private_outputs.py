@@ -19,7 +19,7 @@ from app.ui.uploads import receive_upload
 from db.engine import Store
 from ingestion.volume import Volume
 
-from db_helpers import make_result, store_one
+from tests.support.db import make_result, store_one
 
 runner = CliRunner()
 

@@ -22,9 +22,9 @@ from db.models import Run, Series
 from ingestion.load import load_path
 from ingestion.volume import Volume
 
-from conftest import SeriesFactory, fixed_uid
-from db_helpers import make_result, store_one
-from test_sr import _check_against_store, _dciodvfy, _store
+from tests.support.db import make_result, store_one
+from tests.support.series import SeriesFactory, fixed_uid
+from tests.support.sr import check_against_store, dciodvfy, store_study
 
 runner = CliRunner()
 SERIES_UID = fixed_uid("one series, three stacks")
@@ -93,12 +93,12 @@ def test_each_stack_is_its_own_series_and_its_sr_references_its_own_images(
     store: Store, stacks: list[Volume], tmp_path: Path
 ) -> None:
     for number, volume in enumerate(stacks, start=1):
-        assert _store(store, volume) == STUDY_UID
+        assert store_study(store, volume) == STUDY_UID
         with store.reader() as session:
             assert session.scalar(select(func.count()).select_from(Series)) == number
             done = export_study_sr(session, STUDY_UID, tmp_path / f"sr{number}")
-        _dciodvfy(done.path)
-        _check_against_store(store, done.path, STUDY_UID)  # coordinates by this stack's geometry
+        dciodvfy(done.path)
+        check_against_store(store, done.path, STUDY_UID)  # coordinates by this stack's geometry
         series, images = _evidence(done.path)
         assert series == {SERIES_UID}  # the DICOM SeriesInstanceUID, not the store's key
         assert images == list(volume.identifiers.sop_instance_uids)
@@ -159,7 +159,7 @@ def test_an_unsplit_series_keeps_its_uid_as_its_key(
     what it held before (no extra field)."""
     write_series(tmp_path / "one", n=8, rows=32, cols=32, seed=7)
     (volume,) = load_path(tmp_path / "one").volumes
-    _store(store, volume)
+    store_study(store, volume)
     with store.reader() as session:
         row = session.execute(select(Series)).scalar_one()
         assert row.series_instance_uid == volume.identifiers.series_instance_uid
@@ -176,7 +176,7 @@ def test_the_review_ui_opens_the_measured_stack(
 
     context = UiContext(store, None, None, tmp_path / "uploads")
     for volume in reversed(stacks):
-        _store(store, volume)
+        store_study(store, volume)
         with store.reader() as session:
             shown = study_measurements(session, STUDY_UID)
         assert shown is not None
@@ -213,8 +213,8 @@ def test_a_run_stored_under_another_stacks_row_is_refused_with_what_to_do(
     so in one line (exit 2), no traceback, no file."""
     from sqlalchemy import update
 
-    _store(store, stacks[0])
-    _store(store, stacks[1])
+    store_study(store, stacks[0])
+    store_study(store, stacks[1])
     with store.writer() as session:
         first, second = session.execute(select(Run).order_by(Run.id)).scalars()
         session.execute(update(Run).where(Run.id == second.id).values(series_id=first.series_id))

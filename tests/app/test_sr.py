@@ -5,194 +5,46 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import highdicom as hd
-import numpy as np
 import pytest
 from pydicom import Dataset
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.sr import SOP_CLASSES, export_study_sr, tracking_uid
+from app.sr import export_study_sr
 from db.engine import Store, open_store
 from db.migrate import upgrade
-from db.models import Measurement, ReviewAction, ReviewStatus, Run, Series, Study, User
+from db.models import Measurement, ReviewAction, ReviewStatus, Series, Study, User
 from db.review import review_measurement
 from ingestion.errors import NothingToExportError
-from ingestion.geometry import Geometry
 from ingestion.volume import Volume
 
-from db_helpers import make_result, store_one
+from tests.support.db import make_result, store_one
+from tests.support.sr import (
+    SCT,
+    _num,
+    _read_back,
+    check_against_store,
+    dciodvfy,
+    sr_values,
+    store_study,
+)
 
 runner = CliRunner()
-AXES = (((10.0, 12.0), (20.25, 30.5)), ((14.0, 25.0), (18.0, 17.0)))  # (row, column) pairs
-SCT = {"long_axis": "103339001", "short_axis": "103340004", "diameter": "81827009"}
-
-
-def _values(volume: Volume) -> tuple[float, float, float]:
-    """The stored values: each the length of its axis (a measurement is a caliper), awkward
-    floats that the SR must carry exactly, not rounded to 16 DS characters: long axis
-    (AXES[0]), short axis (AXES[1]), diameter (AXES[0])."""
-
-    def length(pair: Any) -> float:
-        a, b = (volume.geometry.index_to_lps([0, r, c]) for r, c in pair)
-        return float(np.linalg.norm(b - a))
-
-    return length(AXES[0]), length(AXES[1]), length(AXES[0])
-
-
-def _dciodvfy(path: Path) -> None:
-    """dciodvfy reports no error (warnings are allowed); skipped without it, except in CI."""
-    exe = shutil.which("dciodvfy")
-    if exe is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("dciodvfy is missing in CI: deploy/ensure_dicom3tools.sh installs it")
-        pytest.skip("dciodvfy (Debian package dicom3tools) is not installed")
-    done = subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=60)
-    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("Error")]
-    assert not errors, "\n".join(errors)
-
-
-def _store(store: Store, volume: Volume, findings: bool = True) -> str:
-    result = make_result(volume, values=_values(volume))
-    on_slice = [  # axes on each finding's slice, from (row, column) index pairs
-        dataclasses.replace(
-            f,
-            axes_lps_mm=tuple(
-                tuple(
-                    tuple(volume.geometry.index_to_lps([f.slice_index, r, c]).tolist())
-                    for r, c in pair
-                )
-                for pair in AXES[: len(f.measurements)]
-            ),
-        )
-        for f in result.findings
-    ]
-    result = dataclasses.replace(result, findings=tuple(on_slice) if findings else ())
-    store_one(store, result, volume)
-    return result.study_instance_uid
-
-
-def _items(node: Dataset) -> dict[str, list[Dataset]]:
-    """Direct content items of an SR content item by concept name meaning."""
-    out: dict[str, list[Dataset]] = {}
-    for item in node.get("ContentSequence", []):
-        out.setdefault(item.ConceptNameCodeSequence[0].CodeMeaning, []).append(item)
-    return out
-
-
-def _num(item: Dataset) -> tuple[float, str]:
-    measured = item.MeasuredValueSequence[0]
-    return float(measured.FloatingPointValue), measured.MeasurementUnitsCodeSequence[0].CodeValue
-
-
-def _read_back(path: Path) -> tuple[Any, dict[str, Any]]:
-    sr = hd.sr.srread(path)
-    assert isinstance(sr, hd.sr.Comprehensive3DSR)
-    groups = {str(g.tracking_uid): g for g in sr.content.get_image_measurement_groups()}
-    return sr, groups
-
-
-def _check_against_store(store: Store, path: Path, study_uid: str, axes: Any = AXES) -> Any:
-    """Every exported value, unit, range, tracking UID and image reference equals the store's."""
-    sr, groups = _read_back(path)
-    with store.reader() as session:
-        latest = (
-            select(Run)
-            .join(Run.series)
-            .join(Series.study)
-            .where(Study.study_instance_uid == study_uid)
-            .order_by(Run.id.desc())
-        )
-        run = session.execute(latest).scalars().first()
-        assert run is not None
-        study = run.series.study
-        assert sr.StudyInstanceUID == study_uid == study.study_instance_uid
-        assert sr.PatientID == study.patient_id
-        exported = 0
-        for finding in run.findings:
-            kept = [m for m in finding.measurements if m.status is not ReviewStatus.REJECTED]
-            uid = tracking_uid(run, finding)
-            if not kept:
-                assert uid not in groups
-                continue
-            exported += 1
-            group = groups[uid]
-            assert group.tracking_identifier == f"finding {finding.number}"
-            assert (
-                group.finding_type.value
-                == {"lesion": "52988006", "vessel": "59820001"}[finding.kind]
-            )
-            (image,) = group.source_images
-            ref = image.ReferencedSOPSequence[0]
-            assert ref.ReferencedSOPInstanceUID == finding.sop_instance_uid
-            assert ref.ReferencedSOPClassUID == SOP_CLASSES[("CT", False)]
-            algorithm = _items(group[0])
-            suffix = " (NOT FOR CLINICAL USE)" if run.not_for_clinical_use else ""
-            assert algorithm["Algorithm Name"][0].TextValue == run.model_name + suffix
-            assert algorithm["Algorithm Version"][0].TextValue == run.model_version
-            by_code = {m.name.value: m for m in group.get_measurements()}
-            assert len(by_code) == len(kept)
-            for row in kept:
-                read = by_code[SCT[row.name]]
-                value, unit = _num(read[0])
-                corrected = row.status is ReviewStatus.CORRECTED
-                if corrected:  # range, algorithm and axes are the model's, the value is not
-                    assert not _items(read[0]) and not read.referenced_coordinates
-                    assert value == row.reviewed_value_mm and unit == "mm"
-                    continue
-                assert value == row.value_mm
-                assert unit == "mm" == row.unit
-                k = [n.name for n in finding.measurements].index(row.name)
-                g = Geometry(**{n: tuple(v) for n, v in run.series.geometry.items()})
-                index = g.lps_to_index(finding.axes_lps_mm["segments"][k])  # (slice, row, col)
-                assert np.all(np.abs(index[:, 0] - finding.slice_index) <= 0.5)
-                on_slice = index.copy()
-                on_slice[:, 0] = finding.slice_index
-                length = float(np.linalg.norm(np.subtract(*g.index_to_lps(on_slice))))
-                if abs(value - length) > max(g.row_spacing, g.column_spacing):
-                    assert not read.referenced_coordinates  # its caliper would contradict it
-                else:
-                    (coordinates,) = read.referenced_coordinates
-                    assert coordinates.GraphicType == "POLYLINE"
-                    on_image = coordinates.ContentSequence[0].ReferencedSOPSequence[0]
-                    assert on_image.ReferencedSOPInstanceUID == finding.sop_instance_uid
-                    column_row = np.asarray(coordinates.GraphicData, dtype=np.float64)
-                    column_row = column_row.reshape(2, 2)
-                    if axes is not None:  # the (row, column) pairs the axes were made from
-                        expected = np.asarray(axes[k], dtype=np.float64)[:, ::-1] + 0.5
-                        np.testing.assert_allclose(column_row, expected, atol=1e-4)
-                    np.testing.assert_allclose(column_row, index[:, [2, 1]] + 0.5, atol=1e-3)
-                props = _items(read[0])
-                low, low_unit = _num(props["-, range of lower measurement uncertainty"][0])
-                high, high_unit = _num(props["+, range of upper measurement uncertainty"][0])
-                assert low_unit == high_unit == "mm"
-                assert value - low == pytest.approx(row.range_low_mm, rel=1e-12)
-                assert value + high == pytest.approx(row.range_high_mm, rel=1e-12)
-            statuses = {
-                q.name.meaning: q.value.meaning for q in group.get_qualitative_evaluations()
-            }
-            assert statuses == {
-                f"Review status of {m.name.replace('_', ' ')}": str(m.status) for m in kept
-            }
-        assert len(groups) == exported
-    return sr
 
 
 def test_export_reads_back_the_stored_values(store: Store, volume: Volume, tmp_path: Path) -> None:
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     with store.reader() as session:
         done = export_study_sr(session, study_uid, tmp_path / "sr")
     assert done.path == tmp_path / "sr" / f"{study_uid}.sr.dcm" and done.groups == 2
-    _dciodvfy(done.path)
-    sr = _check_against_store(store, done.path, study_uid)
+    dciodvfy(done.path)
+    sr = check_against_store(store, done.path, study_uid)
     assert sr.VerificationFlag == "UNVERIFIED" and "VerifyingObserverSequence" not in sr
     assert sr.SeriesDescription == "radcaliper (radcaliper-test 1.0.0, NOT FOR CLINICAL USE)"
 
@@ -200,7 +52,7 @@ def test_export_reads_back_the_stored_values(store: Store, volume: Volume, tmp_p
 def test_a_reviewed_study_is_verified_by_its_reviewers(
     store: Store, volume: Volume, users: dict[str, User], tmp_path: Path
 ) -> None:
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     with store.writer() as session:
         rows = session.execute(select(Measurement).order_by(Measurement.id)).scalars().all()
         ids = [m.id for m in rows]
@@ -224,8 +76,8 @@ def test_a_reviewed_study_is_verified_by_its_reviewers(
             if m.reviewer is not None
         }
     assert done.verified and done.groups == 1  # the vessel's only measurement was rejected
-    _dciodvfy(done.path)
-    sr = _check_against_store(store, done.path, study_uid)
+    dciodvfy(done.path)
+    sr = check_against_store(store, done.path, study_uid)
     assert sr.VerificationFlag == "VERIFIED"
     observers = {o.VerifyingObserverName.family_name: o for o in sr.VerifyingObserverSequence}
     assert set(observers) == {"alice", "bob"}
@@ -243,8 +95,8 @@ def test_an_axis_that_contradicts_its_value_is_left_out(
     """A measurement is a caliper: a stored long axis 2 mm longer than its line (a model whose
     values and axes disagree) is exported without the line, with a warning; the short axis,
     its line a pixel's fraction off, keeps it."""
-    study_uid = _store(store, volume)
-    long_mm, short_mm, _ = _values(volume)
+    study_uid = store_study(store, volume)
+    long_mm, short_mm, _ = sr_values(volume)
     with store.writer() as session:
         long_axis, short_axis, _ = session.execute(
             select(Measurement).order_by(Measurement.id)
@@ -254,8 +106,8 @@ def test_an_axis_that_contradicts_its_value_is_left_out(
         session.commit()
     with store.reader() as session, caplog.at_level("WARNING", logger="app.sr"):
         done = export_study_sr(session, study_uid, tmp_path / "sr")
-    _dciodvfy(done.path)
-    _check_against_store(store, done.path, study_uid)
+    dciodvfy(done.path)
+    check_against_store(store, done.path, study_uid)
     _, groups = _read_back(done.path)
     lesion = next(g for g in groups.values() if g.tracking_identifier == "finding 1")
     by_code = {m.name.value: m for m in lesion.get_measurements()}
@@ -270,12 +122,12 @@ def test_an_axis_that_contradicts_its_value_is_left_out(
 def test_a_series_stored_before_schema_0002_has_no_axis_coordinates(
     store: Store, volume: Volume, tmp_path: Path
 ) -> None:
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     with store.writer() as session:
         session.execute(update(Series).values(geometry=None))
         session.commit()
         done = export_study_sr(session, study_uid, tmp_path / "sr")
-    _dciodvfy(done.path)
+    dciodvfy(done.path)
     _, groups = _read_back(done.path)
     measurements = [m for g in groups.values() for m in g.get_measurements()]
     assert len(measurements) == 3 and not any(m.referenced_coordinates for m in measurements)
@@ -286,7 +138,7 @@ def test_a_study_without_findings_gets_no_sr(volume: Volume, tmp_path: Path) -> 
     upgrade(url)
     store = open_store(url)
     try:
-        study_uid = _store(store, volume, findings=False)
+        study_uid = store_study(store, volume, findings=False)
         with store.reader() as session, pytest.raises(NothingToExportError, match="no SR"):
             export_study_sr(session, study_uid, tmp_path / "sr")
         done = runner.invoke(app, ["export-sr", study_uid, str(tmp_path / "sr"), "--db", url])
@@ -297,7 +149,7 @@ def test_a_study_without_findings_gets_no_sr(volume: Volume, tmp_path: Path) -> 
 
 
 def test_export_sr_command(store: Store, volume: Volume, tmp_path: Path) -> None:
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     url = str(store.url)
     done = runner.invoke(app, ["export-sr", study_uid, str(tmp_path / "out"), "--db", url])
     assert done.exit_code == 0, done.output
@@ -327,10 +179,10 @@ def test_a_demo_model_measurement_exports(tmp_path: Path) -> None:
     done = runner.invoke(app, ["export-sr", study_uid, str(tmp_path / "sr"), "--db", url])
     assert done.exit_code == 0, done.output
     path = tmp_path / "sr" / f"{study_uid}.sr.dcm"
-    _dciodvfy(path)
+    dciodvfy(path)
     store = open_store(url)
     try:
-        sr = _check_against_store(store, path, study_uid, axes=None)
+        sr = check_against_store(store, path, study_uid, axes=None)
     finally:
         store.dispose()
     assert "NOT FOR CLINICAL USE" in sr.SeriesDescription
@@ -361,7 +213,7 @@ def test_implausible_stored_values_are_left_out_and_the_sr_is_not_verified(
     """A 1e308 mm correction and an infinite model value, written with SQL as a database from
     before the checks (or edited by hand) holds them: the SR is still written, without them,
     with a warning each, and is not VERIFIED although every measurement is reviewed."""
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     long_axis, short_axis, diameter = _accept_all(store, users)
     with store.writer() as session:
         session.execute(
@@ -387,15 +239,15 @@ def test_implausible_stored_values_are_left_out_and_the_sr_is_not_verified(
     )
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == [f"SR: left out {why}" for why in done.left_out]
-    _dciodvfy(done.path)
+    dciodvfy(done.path)
     sr, groups = _read_back(done.path)
     assert (sr.VerificationFlag, sr.CompletionFlag) == ("UNVERIFIED", "PARTIAL")
     (group,) = groups.values()
     (read,) = group.get_measurements()
-    assert read.name.value == SCT["short_axis"] and _num(read[0]) == (_values(volume)[1], "mm")
+    assert read.name.value == SCT["short_axis"] and _num(read[0]) == (sr_values(volume)[1], "mm")
     with store.reader() as session:
         row = session.get(Measurement, short_axis)
-        assert row is not None and row.value_mm == _values(volume)[1]
+        assert row is not None and row.value_mm == sr_values(volume)[1]
     command = ["export-sr", study_uid, str(tmp_path / "cli"), "--db", str(store.url)]
     done_by_cli = runner.invoke(app, command)
     assert done_by_cli.exit_code == 0, done_by_cli.output
@@ -407,7 +259,7 @@ def test_implausible_stored_values_are_left_out_and_the_sr_is_not_verified(
 def test_an_sr_of_implausible_values_only_is_not_written(
     store: Store, volume: Volume, tmp_path: Path
 ) -> None:
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     with store.writer() as session:
         session.execute(update(Measurement).values(value_mm=0.0))
         session.commit()
@@ -423,7 +275,7 @@ PATIENT_NAME = "Ünïcödé^Tarō=山田^太郎"  # alphabetic = ideographic com
 
 
 def _check_identifiers(path: Path, patient_id: str, patient_name: str) -> None:
-    _dciodvfy(path)
+    dciodvfy(path)
     sr = hd.sr.srread(path)
     assert sr.SpecificCharacterSet == "ISO_IR 192"
     assert sr.PatientID == patient_id
@@ -439,19 +291,19 @@ def test_non_ascii_patient_id_and_name_survive_store_and_sr(
     ids = dataclasses.replace(volume.identifiers, patient_id=PATIENT_ID, patient_name=PATIENT_NAME)
     named = dataclasses.replace(volume, identifiers=ids)
     store = store_factory()
-    study_uid = _store(store, named)
+    study_uid = store_study(store, named)
     with store.reader() as session:
         study = session.execute(select(Study)).scalar_one()
         assert (study.patient_id, study.patient_name) == (PATIENT_ID, PATIENT_NAME)
         done = export_study_sr(session, study_uid, tmp_path / "sr")
     _check_identifiers(done.path, PATIENT_ID, PATIENT_NAME)
-    _check_against_store(store, done.path, study_uid)
+    check_against_store(store, done.path, study_uid)
 
     pseudonymised = store_factory()
     store_one(pseudonymised, make_result(named), named, pseudonym_key="site secret")
     with pseudonymised.reader() as session:
         hidden = export_study_sr(session, study_uid, tmp_path / "pseudonymised")
-    _dciodvfy(hidden.path)
+    dciodvfy(hidden.path)
     sr = hd.sr.srread(hidden.path)
     assert sr.PatientName == "" and sr.PatientID not in ("", PATIENT_ID)
     assert "SpecificCharacterSet" not in sr  # a pseudonym is ASCII
@@ -462,14 +314,14 @@ def test_any_non_ascii_text_makes_the_sr_utf8(
 ) -> None:
     """Not only the patient: any text that is not ASCII (here the verifying organization)
     makes the document UTF-8; an all-ASCII document keeps the default repertoire."""
-    study_uid = _store(store, volume)
+    study_uid = store_study(store, volume)
     with store.reader() as session:
         plain = export_study_sr(session, study_uid, tmp_path / "plain")
     assert "SpecificCharacterSet" not in hd.sr.srread(plain.path)
     _accept_all(store, users)
     with store.reader() as session:
         done = export_study_sr(session, study_uid, tmp_path / "sr", organization="Hôpital 東京")
-    _dciodvfy(done.path)
+    dciodvfy(done.path)
     sr = hd.sr.srread(done.path)
     assert sr.SpecificCharacterSet == "ISO_IR 192" and sr.VerificationFlag == "VERIFIED"
     (observer,) = sr.VerifyingObserverSequence

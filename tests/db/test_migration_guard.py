@@ -23,7 +23,7 @@ from db.models import AuditEvent, Role, Study, User
 from db.users import add_user
 from ingestion.errors import MigrationRefusedError
 
-from db_helpers import as_attacker
+from tests.support.db import as_attacker
 
 runner = CliRunner()
 
@@ -254,11 +254,11 @@ def test_every_covered_table_is_known_to_the_guard() -> None:
 
 @pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
 def test_a_genuine_0002_database_upgrades_on_the_command_line(empty_url: str) -> None:
-    """What radcaliper of schema 0002 stored (tests/db/test_audit_coverage.py's rows and
+    """What radcaliper of schema 0002 stored (tests/support/old_database.py's rows and
     events) upgrades with exit 0 and verifies."""
-    from test_audit_coverage import _old_database
+    from tests.support.old_database import old_database
 
-    _old_database(empty_url)
+    old_database(empty_url)
     result = _upgrade_cli(empty_url)
     assert result.exit_code == 0, result.output
     assert current(empty_url) == SCHEMA_HEAD
@@ -289,9 +289,9 @@ def test_a_genuine_0002_database_upgrades_on_the_command_line(empty_url: str) ->
 def test_a_genuine_0002_database_tampered_in_what_its_log_covers_is_refused(
     empty_url: str, statement: str, match: str
 ) -> None:
-    from test_audit_coverage import _old_database
+    from tests.support.old_database import old_database
 
-    _old_database(empty_url)
+    old_database(empty_url)
     engine = connect(empty_url)
     with engine.begin() as connection:
         connection.execute(text(statement))

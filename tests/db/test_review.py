@@ -15,7 +15,7 @@ from db.models import AuditEvent, Measurement, Review, ReviewAction, ReviewStatu
 from db.review import CorrectionLimits, review_measurement
 from ingestion.errors import AccessDeniedError, StaleEditError
 
-from db_helpers import first_measurement_id
+from tests.support.db import first_measurement_id
 
 
 def _review(store: Store, user: User, seen: int, **kwargs: object) -> Measurement:

@@ -11,7 +11,7 @@ from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Serie
 from db.store import input_fingerprint, pseudonym
 from ingestion.volume import Volume
 
-from db_helpers import make_result, store_one
+from tests.support.db import make_result, store_one
 
 
 def _count(store: Store, table: type) -> int:

@@ -43,8 +43,8 @@ from model.measurer.results import (
 from model.measurer.results import Measurement as Measured
 from model.measurer.results import MeasurementName as Name
 
-from conftest import SeriesFactory
-from db_helpers import store_one
+from tests.support.db import store_one
+from tests.support.series import SeriesFactory
 
 KEY = "site-secret"  # the pseudonym key: the stored patient id is a pseudonym
 LONG_AXIS = ((0.0, -10.0, 35.0), (24.0, 8.0, 35.0))  # the model's end points of finding 1

@@ -15,7 +15,7 @@ from db.users import add_user, get_user, hash_password, verify_password
 from ingestion.errors import StorageError
 from ingestion.volume import Volume
 
-from db_helpers import first_measurement_id, make_result, store_one
+from tests.support.db import first_measurement_id, make_result, store_one
 
 CONTRACT = {
     "study_instance_uid",

@@ -16,7 +16,7 @@ from ingestion.scan import scan_files
 from ingestion.selection import NoteKind, SelectionRules, StudyPlan, plan_study
 from ingestion.work_index import WorkIndex
 
-from conftest import SeriesFactory
+from tests.support.series import SeriesFactory
 
 
 def test_an_image_is_cataloged_with_what_selection_needs(

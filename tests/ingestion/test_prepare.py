@@ -33,7 +33,7 @@ from ingestion.prepare import (
 )
 from ingestion.volume import Volume
 
-from conftest import volume_from_array
+from tests.support.series import volume_from_array
 
 AIR = -1000.0
 SHAPE = (12, 64, 64)

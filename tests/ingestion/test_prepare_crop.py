@@ -35,7 +35,7 @@ from ingestion.volume import Modality, Volume
 from model.measurer.inputs.data import phantom_volume
 from model.measurer.inputs.images import AIR_HU, crop_around
 
-from conftest import volume_from_array
+from tests.support.series import volume_from_array
 
 REAL_CT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real-ct"
 REAL_CT_IMAGE = REAL_CT / "ts_abdomen_dicom" / "image.nii.gz"

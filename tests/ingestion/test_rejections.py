@@ -13,7 +13,7 @@ from pydicom.dataset import Dataset
 
 from ingestion import load_path, scan_path
 
-from conftest import SeriesFactory
+from tests.support.series import SeriesFactory
 
 
 def only_reason(path: Path) -> str:

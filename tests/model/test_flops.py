@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from model.flops import AnsweredRow, Flops, TextShape, VisionShape, answered_rows, generation_flops
-from tests.model.test_numeric_lm import tiny_vl_config
+
+from tests.support.models import tiny_vl_config
 
 
 @pytest.fixture(scope="module")
