@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "app"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from test_ui import CHROMIUM, CHROMIUM_ARGS
+from tests.support.ui import CHROMIUM, CHROMIUM_ARGS
 
 
 def _free_port() -> int:
