@@ -103,7 +103,8 @@ def calibrate(
     )
     from model.measurer.checkpoint import write_settings
     from model.measurer.data import DatasetSource, FolderSource, PhantomSource, StudySource
-    from model.measurer.evaluate import StudyOutcome, calibration_pairs, evaluate
+    from model.measurer.evaluate import StudyOutcome, evaluate
+    from model.measurer.evaluate.scoring import calibration_pairs
     from model.measurer.results import MeasurementName
 
     if dataset is not None and phantoms_dir is not None:
