@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ingestion import (
     Geometry,
@@ -15,15 +15,72 @@ from ingestion import (
     iter_volumes,
 )
 
+if TYPE_CHECKING:
+    from ingestion.geometry import PlaneLabel
+
 __all__ = [
     "InspectReport",
+    "SeriesDescription",
     "describe_series_ref",
     "describe_volume",
     "inspect_path_report",
     "inspect_scan",
 ]
 
-InspectReport = dict[str, Any]
+
+class Dimensions(TypedDict):
+    rows: int
+    columns: int
+    slices: int
+
+
+class Spacing(TypedDict):
+    row: float
+    column: float
+    slice: float
+
+
+class Orientation(TypedDict):
+    plane: PlaneLabel
+    row_direction: list[float]
+    column_direction: list[float]
+    slice_direction: list[float]
+
+
+class GeometryDescription(TypedDict):
+    dimensions: Dimensions
+    spacing_mm: Spacing
+    orientation: Orientation
+    origin_lps_mm: list[float]
+    tilt_degrees: float
+
+
+class SeriesDescription(GeometryDescription):
+    """One series as ``inspect`` reports it."""
+
+    study_instance_uid: str
+    series_instance_uid: str
+    patient_id: str | None
+    study_date: str | None
+    series_number: int | None
+    description: str
+    modality: str | None
+    source_format: str
+    files: int
+    warnings: list[str]
+
+
+class RejectedFile(TypedDict):
+    path: str
+    reason: str
+
+
+class InspectReport(TypedDict):
+    """What ``inspect`` reports: the series found under ``path`` and the files left out."""
+
+    path: str
+    series: list[SeriesDescription]
+    rejected: list[RejectedFile]
 
 
 def _round(values: tuple[float, ...] | list[float], digits: int = 6) -> list[float]:
@@ -32,7 +89,7 @@ def _round(values: tuple[float, ...] | list[float], digits: int = 6) -> list[flo
 
 def _geometry(
     geometry: Geometry, rows: int, columns: int, slices: int, tilt: float | None
-) -> dict[str, Any]:
+) -> GeometryDescription:
     """``tilt``: the gantry tilt signed as its GantryDetectorTilt tag; None: the unsigned size."""
     return {
         "dimensions": {"rows": rows, "columns": columns, "slices": slices},
@@ -52,7 +109,7 @@ def _geometry(
     }
 
 
-def describe_volume(volume: Volume) -> dict[str, Any]:
+def describe_volume(volume: Volume) -> SeriesDescription:
     """JSON-ready description of a loaded volume."""
     ids = volume.identifiers
     s, r, c = volume.shape
@@ -71,7 +128,7 @@ def describe_volume(volume: Volume) -> dict[str, Any]:
     }
 
 
-def describe_series_ref(ref: SeriesRef) -> dict[str, Any]:
+def describe_series_ref(ref: SeriesRef) -> SeriesDescription:
     """JSON-ready description of a DICOM stack from its headers alone (no pixels read)."""
     info = ref.info
     first = ref.slices[0]
@@ -92,7 +149,7 @@ def describe_series_ref(ref: SeriesRef) -> dict[str, Any]:
     }
 
 
-def _rejected(items: list[Rejected]) -> list[dict[str, str]]:
+def _rejected(items: list[Rejected]) -> list[RejectedFile]:
     return [{"path": str(r.path), "reason": r.reason} for r in items]
 
 
@@ -105,7 +162,7 @@ def inspect_scan(
 ) -> InspectReport:
     """Build the inspect report; with ``read_pixels`` every series is fully loaded (without,
     DICOM series are described from their headers; NIfTI and NRRD files are always read)."""
-    series: list[dict[str, Any]] = []
+    series: list[SeriesDescription] = []
     rejected = list(scanned.rejected)
     to_load = scanned
     if not read_pixels:

@@ -4,11 +4,30 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from app.console import err
 
-__all__ = ["LineProgress", "StepLines", "progress_display", "steps_display"]
+__all__ = ["LineProgress", "ProgressDisplay", "StepLines", "progress_display", "steps_display"]
+
+TaskKey = TypeVar("TaskKey")
+
+
+class ProgressDisplay(Protocol[TaskKey]):
+    """What :func:`progress_display` hands a command to draw on: rich's ``Progress`` (its
+    tasks keyed by ``TaskID``) or :class:`LineProgress` (keyed by int)."""
+
+    def add_task(self, description: str, *, total: int | None, status: str) -> TaskKey: ...
+
+    def update(
+        self,
+        key: TaskKey,
+        /,
+        *,
+        completed: int | None = None,
+        status: str | None = None,
+        total: int | None = None,
+    ) -> None: ...
 
 
 class LineProgress:

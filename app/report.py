@@ -16,7 +16,7 @@ import io
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from model.measurer.results import StudyResult
 
 __all__ = [
+    "JSONValue",
     "comparison_markdown",
     "evaluation_table",
     "exportable",
@@ -35,6 +36,9 @@ __all__ = [
     "rows_csv",
     "rows_json",
 ]
+
+# A value JSON can carry: stored rows as the exports and ``--json`` print them
+JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, "JSONValue"] | None
 
 
 def exportable(value: Any) -> Any:

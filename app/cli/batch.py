@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Generic
 
 import typer
 from rich.markup import escape
@@ -17,7 +17,12 @@ from rich.markup import escape
 from app.cli.loading import deferred_measurer
 from app.cli.store import DbOption, checked, open_database
 from app.console import EXIT_NOTHING, cli_actor, err, out, settings_of
-from app.progress import progress_display
+from app.progress import ProgressDisplay, TaskKey, progress_display
+
+if TYPE_CHECKING:
+    from app.batch.options import BatchOptions, BatchSummary
+    from app.batch.state import StudyRecord
+    from db.engine import Store
 
 __all__ = ["batch"]
 
@@ -27,14 +32,14 @@ EXIT_INTERRUPTED = 130
 _SHOWN = 10  # failed studies / rejected files listed on the terminal when there is no report
 
 
-class _Listener:
+class _Listener(Generic[TaskKey]):
     """Feeds a progress display (bar or lines) from the batch's callbacks."""
 
-    def __init__(self, display: Any) -> None:
+    def __init__(self, display: ProgressDisplay[TaskKey]) -> None:
         self.display = display
         self.files = 0
         self.scan_task = display.add_task("scanning files", total=None, status="")
-        self.study_task: Any = None
+        self.study_task: TaskKey | None = None
         self.done = 0
 
     def scanned(self, files: int) -> None:
@@ -45,7 +50,8 @@ class _Listener:
         self.display.update(self.scan_task, completed=self.files, total=max(1, self.files))
         self.study_task = self.display.add_task("studies", total=studies, status="")
 
-    def finished(self, record: Any, summary: Any) -> None:
+    def finished(self, record: StudyRecord, summary: BatchSummary) -> None:
+        assert self.study_task is not None, "planned() comes before the first study"
         status = (
             f"{summary.stored} stored, {summary.already_stored} already, {summary.failed} failed"
         )
@@ -58,7 +64,7 @@ class Engine(enum.StrEnum):
     RAY = "ray"
 
 
-def _print_summary(summary: Any) -> None:
+def _print_summary(summary: BatchSummary) -> None:
     scan = summary.scan
     hours = summary.seconds / 3600
     rate = f", {summary.stored / hours:,.0f} studies/hour" if summary.stored and hours else ""
@@ -80,7 +86,7 @@ def _print_summary(summary: Any) -> None:
         out.print("report: " + ", ".join(escape(str(p)) for p in summary.report), highlight=False)
 
 
-def _print_problems(summary: Any) -> None:
+def _print_problems(summary: BatchSummary) -> None:
     """Without a report: the first failed studies and rejected files on stderr."""
     if summary.report or not summary.problems:
         return
@@ -333,14 +339,14 @@ def _check_ray(workers: int | None, gpus_per_worker: float, connect_timeout: flo
 
 
 def _run_on_ray(
-    options: Any,
-    store: Any,
+    options: BatchOptions,
+    store: Store,
     model_dir: Path | None,
     address: str | None,
     workers: int | None,
     gpus_per_worker: float,
     connect_timeout: float,
-) -> Any:
+) -> BatchSummary:
     """The batch on Ray: the model named from its directory (its weights load in the workers)."""
     from app.batch.options import ModelIdentity
     from app.batch.ray_engine import RayEngine, RayOptions

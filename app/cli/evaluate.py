@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +21,10 @@ from app.console import (
     settings_of,
 )
 from app.progress import progress_display
+
+if TYPE_CHECKING:
+    from model.measurer.evaluate.comparison import Configuration
+    from model.measurer.train import StepReport
 
 __all__ = ["DATASET_BEGIN", "DATASET_END", "RESULTS_BEGIN", "RESULTS_END", "evaluate"]
 
@@ -156,7 +160,7 @@ def evaluate(
         steps_task = progress.add_task("training steps", total=7 * base.total_steps, status="")
         started = [0]
 
-        def on_configuration(configuration: Any, phase: str) -> None:
+        def on_configuration(configuration: Configuration, phase: str) -> None:
             progress.update(task, status=f"{configuration.name}: {phase}")
             if phase == "training":
                 started[0] += 1
@@ -164,7 +168,7 @@ def evaluate(
                 progress.advance(task)
                 progress.update(steps_task, completed=started[0] * base.total_steps)
 
-        def on_step(report: Any) -> None:
+        def on_step(report: StepReport) -> None:
             progress.update(
                 steps_task,
                 completed=(started[0] - 1) * base.total_steps + report.step,

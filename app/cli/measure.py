@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,9 @@ from app.console import (
     safe,
     settings_of,
 )
+
+if TYPE_CHECKING:
+    from app.report import JSONValue
 
 __all__ = ["measure"]
 
@@ -129,7 +132,7 @@ def measure(
     if not results:
         raise typer.Exit(EXIT_NOTHING)
     if as_json:
-        data: Any = [r.to_json() for r in results]
+        data: list[JSONValue] = [r.to_json() for r in results]
         sys.stdout.write(json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n")
     else:
         from app.report import print_result

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -27,6 +27,9 @@ from app.cli.store import DbOption, audit_app, checked, db_app, open_database, u
 from app.cli.train import export_model, train
 from app.console import EXIT_NOTHING, EXIT_OK, err, out, safe, settings_of
 from app.logs import configure_logging
+
+if TYPE_CHECKING:
+    from app.inspection import InspectReport
 
 __all__ = ["app", "main"]
 
@@ -85,7 +88,7 @@ def _main(
     ctx.obj = settings
 
 
-def _print_inspect(report: dict[str, Any]) -> None:
+def _print_inspect(report: InspectReport) -> None:
     series = report["series"]
     if series:
         table = Table(title=f"Series under {safe(report['path'])}", show_lines=False)

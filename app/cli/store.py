@@ -7,9 +7,9 @@ data dir). Database errors are one line with what to do, and a non-zero exit.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.table import Table
@@ -25,6 +25,12 @@ from app.console import (
     safe,
     settings_of,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from app.report import JSONValue
+    from db.engine import Store
 
 __all__ = ["DbOption", "audit_app", "checked", "db_app", "open_database", "users_app"]
 
@@ -89,7 +95,7 @@ def checked(action: Callable[[], T]) -> T:
 
 def open_database(
     ctx: typer.Context, db: str | None, *, create: bool = False, earlier_schema: bool = False
-) -> Any:
+) -> Store:
     """The store at ``--db`` / the settings' URL, schema-checked; exits 2 with the reason when
     it cannot be used. A database without any table (a new SQLite file, an empty PostgreSQL
     database) gets the schema when ``create`` (commands that store) or when it is the default
@@ -119,7 +125,7 @@ def _when(name: str, value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]) -> None:
+def _print_rows(rows: Sequence[Mapping[str, JSONValue]], fmt: str, columns: Sequence[str]) -> None:
     from app.report import rows_csv, rows_json
 
     fmt = fmt.lower()
@@ -140,17 +146,17 @@ def _print_rows(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str]
         raise typer.Exit(EXIT_NOTHING)
 
 
-def _printable_row(row: dict[str, Any]) -> dict[str, Any]:
+def _printable_row(row: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
     return {k: printable(v) if isinstance(v, str) else v for k, v in row.items()}
 
 
-def _cell(value: Any) -> str:
+def _cell(value: JSONValue) -> str:
     """A table cell: stored text with its markup escaped and control characters shown as
     escapes (``app.console.safe``), whoever wrote it into the database."""
     return safe(_cell_text(value))
 
 
-def _cell_text(value: Any) -> str:
+def _cell_text(value: JSONValue) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
@@ -239,7 +245,7 @@ def users_add(
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
 
-    def change(session: Any) -> str:
+    def change(session: Session) -> str:
         user = add_user(session, name, role, password=password, actor=cli_actor())
         return f"Added {user.role.value} {safe(repr(user.name))}"
 
@@ -268,7 +274,7 @@ def users_list(ctx: typer.Context, db: DbOption = None) -> None:
     for lock in locks:
         until = lock.until.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         held.setdefault(lock.user or "", []).append(f"from {lock.address} until {until}")
-    rows = [
+    rows: list[dict[str, JSONValue]] = [
         {
             "name": u.name,
             "role": u.role.value,
@@ -285,7 +291,7 @@ def users_list(ctx: typer.Context, db: DbOption = None) -> None:
 
 
 def _administer(
-    ctx: typer.Context, db: str | None, change: Callable[[Any], str], *, create: bool = False
+    ctx: typer.Context, db: str | None, change: Callable[[Session], str], *, create: bool = False
 ) -> None:
     """Run one change to the users in a write transaction: print what it says, or exit 2 with
     one line (an unknown user, the last admin, a refused password, ...)."""
@@ -320,7 +326,7 @@ def users_unlock(
     An audit event."""
     from db.users import unlock_user
 
-    def change(session: Any) -> str:
+    def change(session: Session) -> str:
         count = unlock_user(session, name, actor=cli_actor(), address=address)
         where = "" if address is None else f" from {safe(address)}"
         return f"Unlocked {safe(repr(name))}{where}: {count} failed login(s) forgotten"
@@ -378,7 +384,7 @@ def users_passwd(
             err.print("[red]error:[/red] the two passwords differ; nothing changed")
             raise typer.Exit(EXIT_NOTHING)
 
-    def change(session: Any) -> str:
+    def change(session: Session) -> str:
         user = reset_password(session, name, password, actor=cli_actor())
         return f"Password of {safe(repr(user.name))} set: they must change it at the next login"
 
@@ -396,7 +402,7 @@ def users_role(
     demoted. An audit event."""
     from db.users import set_role
 
-    def change(session: Any) -> str:
+    def change(session: Session) -> str:
         user = set_role(session, name, role, actor=cli_actor())
         return f"{safe(repr(user.name))} is now {user.role.value}"
 

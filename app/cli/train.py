@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 from rich.markup import escape
@@ -29,10 +29,21 @@ from app.console import (
 )
 from app.progress import progress_display
 
+if TYPE_CHECKING:
+    from model.measurer.train import StepReport, TrainConfig
+
 __all__ = ["export_model", "read_train_config", "train", "with_steps"]
 
 logger = logging.getLogger(__name__)
 _settings = settings_of
+
+
+class _MemoryOptions(TypedDict, total=False):
+    """``train``'s memory options that replace the configuration's."""
+
+    gradient_checkpointing: bool
+    accumulation: int
+    weights_dtype: str
 
 
 def train(
@@ -179,13 +190,15 @@ def train(
         config = TrainConfig(seed=seed, numeric_mode=mode, threads=threads)
     if steps is not None:
         config = with_steps(config, steps)
-    memory: dict[str, Any] = {
-        "gradient_checkpointing": checkpointing,
-        "accumulation": accumulation,
-        "weights_dtype": weights_dtype,
-    }
+    memory: _MemoryOptions = {}  # the options given; the configuration's own otherwise
+    if checkpointing is not None:
+        memory["gradient_checkpointing"] = checkpointing
+    if accumulation is not None:
+        memory["accumulation"] = accumulation
+    if weights_dtype is not None:
+        memory["weights_dtype"] = weights_dtype
     try:
-        config = dataclasses.replace(config, **{k: v for k, v in memory.items() if v is not None})
+        config = dataclasses.replace(config, **memory)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {safe(str(exc))}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
@@ -222,7 +235,7 @@ def train(
     with progress_display() as progress:
         task = progress.add_task("training", total=config.total_steps, status="")
 
-        def on_step(report: Any) -> None:
+        def on_step(report: StepReport) -> None:
             progress.update(
                 task,
                 completed=report.step,
@@ -283,7 +296,7 @@ def export_model(
     out.print(f"Standalone checkpoint written to {written}")
 
 
-def _print_memory(config: Any) -> None:
+def _print_memory(config: TrainConfig) -> None:
     """``train --dry-run``: the estimated peak GPU memory of the run, by part."""
     from ingestion.errors import RadcaliperError
     from model.measurer.train.memory import GIB, estimate_training_memory, model_shape
@@ -322,20 +335,26 @@ def _print_memory(config: Any) -> None:
         )
 
 
-def _restricted_licences(described: Mapping[str, Any]) -> list[str]:
+def _restricted_licences(described: Mapping[str, object]) -> list[str]:
     """The non-commercial licences (``NC``, "non-commercial") a training source's description
     (``StudySource.describe()``, which the checkpoint records) names, its parts' included."""
     import re
 
-    def licences(item: Mapping[str, Any]) -> set[str]:
-        own = {str(licence) for licence in item.get("licences", ())}
-        return own.union(*(licences(part) for part in item.get("parts", ())))
+    def licences(item: Mapping[str, object]) -> set[str]:
+        listed, parts = item.get("licences", ()), item.get("parts", ())
+        own = {str(licence) for licence in _items(listed)}
+        return own.union(*(licences(part) for part in _items(parts) if isinstance(part, Mapping)))
 
     pattern = re.compile(r"\bNC\b|non-?commercial", re.IGNORECASE)
     return sorted(licence for licence in licences(described) if pattern.search(licence))
 
 
-def read_train_config(path: Path) -> Any:
+def _items(value: object) -> Iterable[object]:
+    """The items of a described list (nothing when the description holds none)."""
+    return value if isinstance(value, Iterable) else ()
+
+
+def read_train_config(path: Path) -> TrainConfig:
     """The ``TrainConfig`` in ``path`` (``--config``), or exit 2 with one line saying why."""
     from model.measurer.train import TrainConfig
 
@@ -350,7 +369,7 @@ def read_train_config(path: Path) -> Any:
         raise typer.Exit(EXIT_NOTHING) from None
 
 
-def with_steps(config: Any, steps: int) -> Any:
+def with_steps(config: TrainConfig, steps: int) -> TrainConfig:
     """``config`` with ``steps`` training steps in all, split over its stages in the proportions
     they have (the default 12,000 + 3,000 gives 80 % / 20 %; a real checkpoint's projector and
     LoRA stages 25 % / 75 %), each stage at least one step while there are steps to give (fewer

@@ -4,7 +4,6 @@ shown in the UI's Markdown as the characters it is: :func:`markdown_text`."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from app.console import printable
 
@@ -14,7 +13,7 @@ __all__ = ["markdown_text"]
 _SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&$=:\"'])")
 
 
-def markdown_text(value: Any) -> str:
+def markdown_text(value: object) -> str:
     """``value`` for a Markdown component: every special character backslash-escaped (no link,
     image, emphasis or HTML can come from it), control characters shown as escapes."""
     return _SPECIAL.sub(r"\\\1", printable(value))

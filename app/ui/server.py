@@ -35,18 +35,21 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, Form, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from app.ui.context import UiContext
 from app.ui.security import WebGuard, client_address
 from app.ui.sessions import COOKIE, Session, Sessions
 from app.ui.tempfiles import PrivateFolder
-from db.logins import LoginLimits
+from db.logins import Lockout, LoginLimits
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session as DbSession
 
 __all__ = ["APP_PATH", "create_app"]
 
@@ -179,7 +182,9 @@ def create_app(
     verify_password(None, "")  # makes the dummy hash now, not during the first login
     app = FastAPI(title="radcaliper review", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def session_event(session: Any, actor: str, action: str, details: dict[str, Any]) -> None:
+    def session_event(
+        session: DbSession, actor: str, action: str, details: Mapping[str, object]
+    ) -> None:
         append_event(
             session,
             actor=actor,
@@ -189,7 +194,7 @@ def create_app(
             details=details,
         )
 
-    def audit(actor: str, action: str, details: dict[str, Any]) -> None:
+    def audit(actor: str, action: str, details: Mapping[str, object]) -> None:
         with context.store.writer() as session:
             session_event(session, actor, action, details)
             session.commit()
@@ -203,7 +208,7 @@ def create_app(
     def locked_page(seconds: float) -> RedirectResponse:
         return RedirectResponse(f"/login?error=locked&minutes={minutes(seconds)}", status_code=303)
 
-    def failed(name: str, address: str, action: str) -> list[Any]:
+    def failed(name: str, address: str, action: str) -> list[Lockout]:
         """Count a failure (and audit it, and the locks it starts): the locks."""
         actor = name[:64] or "?"
         with context.store.writer() as session:
@@ -265,7 +270,9 @@ def create_app(
         return HTMLResponse(_LOGIN_PAGE.format(error=message))
 
     @app.post("/login")
-    def login(request: Request, username: str = Form(""), password: str = Form("")) -> Any:
+    def login(
+        request: Request, username: str = Form(""), password: str = Form("")
+    ) -> RedirectResponse:
         name = username.strip()
         address = address_of(request)
         with context.store.reader() as session:
@@ -300,7 +307,7 @@ def create_app(
         return with_cookie(RedirectResponse(target, status_code=303), token)
 
     @app.get(PASSWORD_PATH, response_class=HTMLResponse)
-    def password_page(request: Request, error: str | None = None, minutes: int = 1) -> Any:
+    def password_page(request: Request, error: str | None = None, minutes: int = 1) -> Response:
         found = live(request.cookies.get(COOKIE))
         if found is None:
             return RedirectResponse("/login?error=ended", status_code=303)
@@ -321,7 +328,7 @@ def create_app(
     @app.post(PASSWORD_PATH)
     def change_password(
         request: Request, current: str = Form(""), new: str = Form(""), repeat: str = Form("")
-    ) -> Any:
+    ) -> RedirectResponse:
         from urllib.parse import quote
 
         from db.users import change_own_password
@@ -359,7 +366,7 @@ def create_app(
         return HTMLResponse(_LOGOUT_PAGE)
 
     @app.post("/logout")
-    def logout(request: Request) -> Any:
+    def logout(request: Request) -> RedirectResponse:
         found = sessions.get(request.cookies.get(COOKIE))
         sessions.close(request.cookies.get(COOKIE))
         if found is not None:
@@ -371,7 +378,7 @@ def create_app(
         return response
 
     @app.get("/")
-    def root(request: Request) -> Any:
+    def root(request: Request) -> RedirectResponse:
         is_live = live(request.cookies.get(COOKIE)) is not None
         return RedirectResponse(f"{APP_PATH}/" if is_live else "/login", status_code=303)
 
@@ -419,8 +426,9 @@ def _clean_up_while_running(app: FastAPI, folder: PrivateFolder, max_age_s: floa
             await asyncio.sleep(SWEEP_EVERY_S)
             await asyncio.to_thread(folder.sweep, max_age_s)
 
+    # yields the inner lifespan's state: None (stateless) or the state mapping (stateful)
     @contextlib.asynccontextmanager
-    async def lifespan(running: FastAPI) -> AsyncIterator[Any]:
+    async def lifespan(running: FastAPI) -> AsyncIterator[Mapping[str, object] | None]:
         sweeper = asyncio.create_task(sweep_forever())
         try:
             async with inner(running) as state:
@@ -431,4 +439,5 @@ def _clean_up_while_running(app: FastAPI, folder: PrivateFolder, max_age_s: floa
                 await sweeper
             folder.close()
 
-    app.router.lifespan_context = lifespan
+    # Starlette types a lifespan as either stateless or stateful; this one is what inner is
+    app.router.lifespan_context = lifespan  # type: ignore[assignment]

@@ -7,10 +7,12 @@ measurement, and an uploaded study measured and stored. Each checks the acting u
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, TypeGuard
 
 import gradio as gr
+from PIL import Image
 
 from app.report import exportable
 from app.ui.context import UiContext
@@ -21,6 +23,11 @@ from ingestion.errors import RadcaliperError, StaleEditError
 
 __all__ = [
     "REVIEWERS",
+    "OpenedStudy",
+    "ReviewOutputs",
+    "StudyState",
+    "TableRow",
+    "Update",
     "click",
     "open_study",
     "range_span",
@@ -34,6 +41,54 @@ logger = logging.getLogger(__name__)
 
 REVIEWERS = (Role.REVIEWER, Role.ADMIN)
 
+Update = dict[str, object]  # a component's new properties: what gr.update() and gr.skip() return
+TableRow = list[int | str]  # a row of the measurements table
+
+
+class MeasurementState(TypedDict):
+    """A stored measurement as the study view holds it (``db.queries.study_measurements``)."""
+
+    id: int
+    name: str
+    value_mm: float | None
+    range_mm: tuple[float, float] | None
+    status: str
+    reviewed_value_mm: float | None
+    reviewer: str | None
+    version: int
+
+
+class FindingState(TypedDict):
+    """A stored finding with its measurements."""
+
+    number: int
+    kind: str
+    slice_index: int
+    center_lps_mm: tuple[float, float, float]
+    axes_lps_mm: tuple[tuple[tuple[float, float, float], ...], ...] | None
+    measurements: list[MeasurementState]
+
+
+class StudyState(TypedDict):
+    """The open study (the page's ``gr.State``): its latest run with findings and measurements."""
+
+    run_id: int
+    series_instance_uid: str
+    source: str
+    model: str
+    not_for_clinical_use: bool
+    findings: list[FindingState]
+    study_instance_uid: str
+
+
+# open_study's outputs: the tab, the study, the slider, the image, the table, the measurement
+# choice, the title
+OpenedStudy = tuple[gr.Tabs, StudyState, Update, Image.Image, list[TableRow], Update, str]
+# review's outputs: the study, the table, the image, the status line, the value field
+ReviewOutputs = tuple[
+    StudyState | Update, list[TableRow] | Update, Image.Image | Update, str, str | Update
+]
+
 
 def user_name(request: gr.Request | None) -> str | None:
     """The logged-in user's name (None outside a session)."""
@@ -43,18 +98,25 @@ def user_name(request: gr.Request | None) -> str | None:
 # --- study view ----------------------------------------------------------------------------------
 
 
-def _study_state(context: UiContext, study_uid: str) -> dict[str, Any]:
+def _study_state(context: UiContext, study_uid: str) -> StudyState:
     from db.queries import study_measurements
 
     with context.store.reader() as session:
         study = study_measurements(session, study_uid)
     if study is None:
         raise gr.Error(f"study {study_uid} is not stored")
-    study["study_instance_uid"] = study_uid
-    return study
+    return StudyState(
+        run_id=study["run_id"],
+        series_instance_uid=study["series_instance_uid"],
+        source=study["source"],
+        model=study["model"],
+        not_for_clinical_use=study["not_for_clinical_use"],
+        findings=study["findings"],
+        study_instance_uid=study_uid,
+    )
 
 
-def _mm(value: Any) -> str:
+def _mm(value: object) -> str:
     """A stored value for the tables, with one decimal. Any value shows, even one the checks
     would refuse today (1e308, inf, NaN from an old or edited database), and a value that is no
     number at all (text written into the column by hand) as invalid: never a failed query."""
@@ -67,16 +129,16 @@ def _mm(value: Any) -> str:
     return f"{value:.1f}" if abs(value) < 1e6 else f"{value:g}"
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def range_span(range_mm: Any) -> str:
+def range_span(range_mm: Sequence[object] | None) -> str:
     return "" if range_mm is None else f"{_mm(range_mm[0])}-{_mm(range_mm[1])}"
 
 
-def _table(study: dict[str, Any]) -> list[list[Any]]:
-    rows = []
+def _table(study: StudyState) -> list[TableRow]:
+    rows: list[TableRow] = []
     for finding in study["findings"]:
         for m in finding["measurements"]:
             value = "not measurable" if m["value_mm"] is None else _mm(m["value_mm"])
@@ -99,7 +161,7 @@ def _table(study: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def _valid_axes(axes: Any) -> bool:
+def _valid_axes(axes: object) -> bool:
     """Stored axes as the overlay draws them: lists of points of three numbers."""
     sequence = (list, tuple)
     return isinstance(axes, sequence) and all(
@@ -109,7 +171,7 @@ def _valid_axes(axes: Any) -> bool:
     )
 
 
-def _overlays(study: dict[str, Any], selected: int | None) -> list[Overlay]:
+def _overlays(study: StudyState, selected: int | None) -> list[Overlay]:
     out = []
     for finding in study["findings"]:
         ids = [m["id"] for m in finding["measurements"]]
@@ -129,7 +191,7 @@ def _overlays(study: dict[str, Any], selected: int | None) -> list[Overlay]:
                 number=finding["number"],
                 kind=finding["kind"],
                 slice_index=finding["slice_index"],
-                center_lps_mm=tuple(center),
+                center_lps_mm=(*center,),
                 axes_lps_mm=axes,
                 diameter_mm=diameter,
                 selected=selected in ids,
@@ -148,14 +210,14 @@ def _window(preset: str, level: float, width: float) -> tuple[float, float]:
 
 def _image(
     context: UiContext,
-    study: dict[str, Any],
+    study: StudyState,
     index: int,
     preset: str,
     level: float,
     width: float,
     zoom: float,
     selected: int | None,
-) -> Any:
+) -> Image.Image:
     volume = context.volume(study["source"], study["series_instance_uid"])
     index = max(0, min(int(index), volume.shape[0] - 1))
     return render_slice(
@@ -166,7 +228,7 @@ def _image(
 def open_study(
     context: UiContext, study_uid: str | None, preset: str, level: float, width: float,
     zoom: float, request: gr.Request,
-) -> Any:  # fmt: skip
+) -> OpenedStudy:  # fmt: skip
     user = context.user(user_name(request))
     if not study_uid:
         raise gr.Error("choose a study in the worklist first")
@@ -190,9 +252,9 @@ def open_study(
 
 
 def redraw(
-    context: UiContext, study: dict[str, Any] | None, index: int, preset: str, level: float,
+    context: UiContext, study: StudyState | None, index: int, preset: str, level: float,
     width: float, zoom: float, selected: int | None, request: gr.Request,
-) -> Any:  # fmt: skip
+) -> Image.Image | None:  # fmt: skip
     context.user(user_name(request))
     if not study:
         return None
@@ -219,10 +281,10 @@ def _corrected_value(action: str, value: str | float | None) -> float | None:
 
 
 def review(
-    context: UiContext, study: dict[str, Any] | None, measurement_id: int | None, action: str,
+    context: UiContext, study: StudyState | None, measurement_id: int | None, action: str,
     value: str | float | None, reason: str, index: int, preset: str, level: float, width: float,
     zoom: float, request: gr.Request,
-) -> Any:  # fmt: skip
+) -> ReviewOutputs:  # fmt: skip
     """Save one review. A refused input (no value, text, 0, 1e308, NaN, ...) or a stale edit
     changes nothing on the page but the status line, which says why (no error overlay on the
     image and the table); a stale edit also shows the measurement as it is now."""
@@ -270,7 +332,7 @@ def review(
 
 
 def click(
-    context: UiContext, study: dict[str, Any] | None, index: int, zoom: float,
+    context: UiContext, study: StudyState | None, index: int, zoom: float,
     evt: gr.SelectData, request: gr.Request,
 ) -> str:  # fmt: skip
     from db.audit import append_event

@@ -14,16 +14,25 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import ParamSpec, TypeVar
 
 import gradio as gr
+from PIL import Image
 
 from app.report import exportable, rows_csv
 from app.ui import study as study_view
 from app.ui.context import UiContext
 from app.ui.escaping import markdown_text
 from app.ui.render import WINDOWS
-from app.ui.study import REVIEWERS, range_span, user_name
+from app.ui.study import (
+    REVIEWERS,
+    OpenedStudy,
+    ReviewOutputs,
+    StudyState,
+    Update,
+    range_span,
+    user_name,
+)
 from app.ui.tempfiles import private_export
 from db.models import Role
 from ingestion.errors import RadcaliperError
@@ -32,7 +41,8 @@ __all__ = ["build_blocks"]
 
 logger = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 AUDITORS = (Role.AUDITOR, Role.ADMIN)
 USER_HEADERS = ["name", "role", "active", "password", "must change", "locked"]
@@ -58,11 +68,11 @@ DEMO_BANNER = (
 )
 
 
-def _errors_to_gradio(handler: F) -> F:
+def _errors_to_gradio(handler: Callable[P, R]) -> Callable[P, R]:
     """radcaliper's errors (refusals included) become a message in the browser."""
 
     @functools.wraps(handler)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return handler(*args, **kwargs)
         except gr.Error:
@@ -70,13 +80,15 @@ def _errors_to_gradio(handler: F) -> F:
         except (RadcaliperError, ValueError) as error:
             raise gr.Error(str(error)) from error
 
-    return wrapped  # type: ignore[return-value]
+    return wrapped
 
 
 # --- worklist ------------------------------------------------------------------------------------
 
 
-def _worklist(context: UiContext, patient: str, status: str, request: gr.Request) -> Any:
+def _worklist(
+    context: UiContext, patient: str, status: str, request: gr.Request
+) -> tuple[list[list[object]], Update]:
     from db.queries import WorklistFilter, worklist_rows
 
     context.user(user_name(request))
@@ -85,7 +97,7 @@ def _worklist(context: UiContext, patient: str, status: str, request: gr.Request
     )
     with context.store.reader() as session:
         rows = worklist_rows(session, filters, pseudonym_key=context.pseudonym_key)
-    table = [
+    table: list[list[object]] = [
         [
             r["study_instance_uid"],
             r["patient_id"],
@@ -117,7 +129,7 @@ def _parse_day(name: str, value: str) -> datetime | None:
 def _audit(
     context: UiContext, patient: str, study: str, since: str, until: str, version: str,
     status: str, reviewer: str, request: gr.Request,
-) -> Any:  # fmt: skip
+) -> tuple[list[list[object]], str, object, str]:  # fmt: skip
     from app.plots import agreement_figure
     from db.models import ReviewStatus
     from db.queries import MeasurementFilter, measurement_rows
@@ -135,7 +147,7 @@ def _audit(
     )
     with context.store.reader() as session:
         rows = measurement_rows(session, filters, pseudonym_key=context.pseudonym_key)
-    table = [
+    table: list[list[object]] = [
         [
             r["patient_id"],
             r["study_instance_uid"],
@@ -160,7 +172,7 @@ def _audit(
 # --- users (admins) ------------------------------------------------------------------------------
 
 
-def _user_rows(context: UiContext) -> tuple[list[list[Any]], list[str]]:
+def _user_rows(context: UiContext) -> tuple[list[list[str]], list[str]]:
     from sqlalchemy import select
 
     from db.logins import login_locks
@@ -190,7 +202,7 @@ def _user_rows(context: UiContext) -> tuple[list[list[Any]], list[str]]:
     return table, [u.name for u in users]
 
 
-def _users(context: UiContext, request: gr.Request) -> Any:
+def _users(context: UiContext, request: gr.Request) -> tuple[list[list[str]], Update]:
     context.user(user_name(request), Role.ADMIN)
     table, names = _user_rows(context)
     return table, gr.update(choices=names)
@@ -199,7 +211,7 @@ def _users(context: UiContext, request: gr.Request) -> Any:
 def _administer(
     context: UiContext, action: str, name: str | None, role: str, password: str,
     request: gr.Request,
-) -> Any:  # fmt: skip
+) -> tuple[list[list[str]], Update, str, str]:  # fmt: skip
     from db.users import reset_password, set_active, set_role, unlock_user
 
     admin = context.user(user_name(request), Role.ADMIN)
@@ -230,7 +242,7 @@ def _administer(
 # --- layout --------------------------------------------------------------------------------------
 
 
-def _roles(context: UiContext, request: gr.Request) -> Any:
+def _roles(context: UiContext, request: gr.Request) -> tuple[str, Update, Update, Update, Update]:
     user = context.user(user_name(request))
     reviewer = user.role in REVIEWERS
     auditor = user.role in AUDITORS
@@ -353,40 +365,42 @@ def build_blocks(context: UiContext) -> gr.Blocks:
                     u_refresh = gr.Button("Refresh")
                 u_status = gr.Markdown(elem_id="users-status")
 
-        view = [slice_slider, preset, level, width, zoom]
+        view: list[gr.Slider | gr.Radio | gr.Number] = [slice_slider, preset, level, width, zoom]
 
         @_errors_to_gradio
-        def roles(request: gr.Request) -> Any:
+        def roles(request: gr.Request) -> tuple[str, Update, Update, Update, Update]:
             return _roles(context, request)
 
         @_errors_to_gradio
-        def worklist_rows(patient: str, status: str, request: gr.Request) -> Any:
+        def worklist_rows(
+            patient: str, status: str, request: gr.Request
+        ) -> tuple[list[list[object]], Update]:
             return _worklist(context, patient, status, request)
 
         @_errors_to_gradio
         def open_study(
             study_uid: str | None, preset_: str, level_: float, width_: float, zoom_: float,
             request: gr.Request,
-        ) -> Any:  # fmt: skip
+        ) -> OpenedStudy:  # fmt: skip
             return study_view.open_study(
                 context, study_uid, preset_, level_, width_, zoom_, request
             )
 
         @_errors_to_gradio
         def redraw(
-            study: dict[str, Any] | None, index: int, preset_: str, level_: float,
+            study: StudyState | None, index: int, preset_: str, level_: float,
             width_: float, zoom_: float, selected: int | None, request: gr.Request,
-        ) -> Any:  # fmt: skip
+        ) -> Image.Image | None:  # fmt: skip
             return study_view.redraw(
                 context, study, index, preset_, level_, width_, zoom_, selected, request
             )
 
         @_errors_to_gradio
         def review(
-            study: dict[str, Any] | None, measurement_id: int | None, action_: str,
+            study: StudyState | None, measurement_id: int | None, action_: str,
             value_: str | None, reason_: str, index: int, preset_: str, level_: float,
             width_: float, zoom_: float, request: gr.Request,
-        ) -> Any:  # fmt: skip
+        ) -> ReviewOutputs:  # fmt: skip
             return study_view.review(
                 context, study, measurement_id, action_, value_, reason_, index, preset_,
                 level_, width_, zoom_, request,
@@ -394,7 +408,7 @@ def build_blocks(context: UiContext) -> gr.Blocks:
 
         @_errors_to_gradio
         def click(
-            study: dict[str, Any] | None, index: int, zoom_: float, evt: gr.SelectData,
+            study: StudyState | None, index: int, zoom_: float, evt: gr.SelectData,
             request: gr.Request,
         ) -> str:  # fmt: skip
             return study_view.click(context, study, index, zoom_, evt, request)
@@ -411,17 +425,17 @@ def build_blocks(context: UiContext) -> gr.Blocks:
         def audit(
             patient: str, study: str, since: str, until: str, version: str, status: str,
             reviewer: str, request: gr.Request,
-        ) -> Any:  # fmt: skip
+        ) -> tuple[list[list[object]], str, object, str]:  # fmt: skip
             return _audit(context, patient, study, since, until, version, status, reviewer, request)
 
         @_errors_to_gradio
-        def users(request: gr.Request) -> Any:
+        def users(request: gr.Request) -> tuple[list[list[str]], Update]:
             return _users(context, request)
 
         @_errors_to_gradio
         def administer(
             action_: str, name_: str | None, role_: str, password_: str, request: gr.Request
-        ) -> Any:
+        ) -> tuple[list[list[str]], Update, str, str]:
             return _administer(context, action_, name_, role_, password_, request)
 
         blocks.load(
@@ -457,7 +471,7 @@ def build_blocks(context: UiContext) -> gr.Blocks:
             api_name="open_study",
         )
         for control in [*view, measurement]:  # user input only, not the updates open_study makes
-            cast(Any, control).input(
+            control.input(
                 redraw,
                 inputs=[study_state, *view, measurement],
                 outputs=image,
