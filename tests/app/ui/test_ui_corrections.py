@@ -17,12 +17,11 @@ from app.ui.render import COLOURS
 from db.models import AuditEvent, Measurement, Review, ReviewStatus
 
 # the server, the browser and the page helpers of the UI's end-to-end test
-from tests.support.ui import PASSWORD, Running, browser, choose, login, server, settled
+from tests.support.ui import PASSWORD, Running, choose, login, settled
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
 )
-__all__ = ["browser", "server"]  # fixtures, used by name
 
 # what is typed -> the one message it gets (the long axis is corrected)
 REFUSED = [
