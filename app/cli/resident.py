@@ -1,6 +1,6 @@
 """``radcaliper resident``: keep the libraries and the model loaded for ``radcaliper measure``
 (``app.resident``; registered on the ``radcaliper`` app by ``app.cli.root``). The command the
-resident runs for its clients is this command line's own (:func:`_runner`), handed to
+resident runs for its clients is this command line's own (:func:`command_runner`), handed to
 ``app.resident.serve``."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol
 
-import click
 import typer
 
 from app.console import EXIT_NOTHING, EXIT_OK, err, safe, settings_of
@@ -18,27 +17,42 @@ from app.console import EXIT_NOTHING, EXIT_OK, err, safe, settings_of
 if TYPE_CHECKING:
     from app.resident import Command
 
-__all__ = ["resident"]
+__all__ = ["RootCommand", "command_runner", "resident"]
 
 logger = logging.getLogger(__name__)
 
 
-def _runner(ctx: typer.Context) -> Command:
-    """What the resident runs for a client: ``radcaliper ARGV`` on this command line (the root
-    command of ``ctx``) in this process; its exit status."""
-    command = ctx.find_root().command
+class RootCommand(Protocol):
+    """The part of the command line's root command the resident calls (typer's own click)."""
+
+    def main(self, *, args: list[str], prog_name: str, standalone_mode: bool) -> object:
+        """Run the command line on ``args``; without standalone mode it raises what it ends in."""
+        ...
+
+
+def command_runner(command: RootCommand) -> Command:
+    """What the resident runs for a client: ``radcaliper ARGV`` on ``command`` (this command
+    line's root) in this process; its exit status, as the command would exit in its own.
+
+    Typer carries its own copy of click, so its usage errors are ``typer.TyperException`` s
+    (with ``show`` and ``exit_code``), not ``click.ClickException``."""
 
     def run(argv: list[str]) -> int:
         try:
             status = command.main(args=argv, prog_name="radcaliper", standalone_mode=False)
-        except click.ClickException as exc:
-            exc.show()
-            return exc.exit_code
-        except click.exceptions.Exit as exc:
+        except typer.Exit as exc:
             return int(exc.exit_code)
-        except click.Abort:
+        except typer.Abort:
             err.print("Aborted.")
             return 1
+        except typer.TyperException as exc:  # a usage error: shown as the command would
+            show = getattr(exc, "show", None)
+            if callable(show):
+                show()
+            else:
+                err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+            code = getattr(exc, "exit_code", 2)
+            return code if isinstance(code, int) else 2
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         except Exception:  # a bug: the client gets one line, the resident's log the traceback
@@ -108,7 +122,7 @@ def resident(
             serve(
                 listener,
                 idle_exit_s=idle_exit * 60 if idle_exit > 0 else None,
-                run=_runner(ctx),
+                run=command_runner(ctx.find_root().command),
             )
     finally:
         listener.close()

@@ -38,19 +38,24 @@ command line injects it, so this package never imports ``app.cli``.
 
 from __future__ import annotations
 
-from app.resident.client import forward
-from app.resident.kept import KeptModels, keeping_models
-from app.resident.protocol import (
-    PROTOCOL,
-    SOCKET_NAME,
-    ResidentError,
-    code_fingerprint,
-    peer_uid,
-    receive_message,
-    send_message,
-    socket_path,
-)
-from app.resident.server import Command, Listener, listen, serve, serve_connection
+from typing import TYPE_CHECKING
+
+from ingestion._lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from app.resident.client import forward
+    from app.resident.kept import KeptModels, keeping_models
+    from app.resident.protocol import (
+        PROTOCOL,
+        SOCKET_NAME,
+        ResidentError,
+        code_fingerprint,
+        peer_uid,
+        receive_message,
+        send_message,
+        socket_path,
+    )
+    from app.resident.server import Command, Listener, listen, serve, serve_connection
 
 __all__ = [
     "PROTOCOL",
@@ -70,3 +75,25 @@ __all__ = [
     "serve_connection",
     "socket_path",
 ]
+
+# served lazily (PEP 562): 'measure' hands its command over with the client alone, without
+# importing the server's side
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "app.resident.client": ("forward",),
+        "app.resident.kept": ("KeptModels", "keeping_models"),
+        "app.resident.protocol": (
+            "PROTOCOL",
+            "SOCKET_NAME",
+            "ResidentError",
+            "code_fingerprint",
+            "peer_uid",
+            "receive_message",
+            "send_message",
+            "socket_path",
+        ),
+        "app.resident.server": ("Command", "Listener", "listen", "serve", "serve_connection"),
+    },
+    globals(),
+)

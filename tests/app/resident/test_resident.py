@@ -433,3 +433,21 @@ def test_a_command_counts_other_work_from_where_it_is_told() -> None:
     with started_at(sample):
         assert command_started() is sample
     assert command_started().wall > sample.wall
+
+
+def test_usage_errors_in_the_resident_exit_as_the_command_would(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Typer carries its own click: a usage error the resident meets is shown and exits 2 (as
+    in the client's own process), not reported as a failure of the resident."""
+    from typer.main import get_command
+
+    from app.cli.resident import command_runner
+
+    run = command_runner(get_command(app))
+    assert run(["measure", "--no-such-option"]) == 2
+    shown = capsys.readouterr()
+    assert "No such option" in shown.out + shown.err
+    assert "failed in the resident" not in shown.out + shown.err
+    assert run(["measure", "--help"]) == 0
+    assert "Usage" in capsys.readouterr().out
