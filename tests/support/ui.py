@@ -6,7 +6,7 @@ import gc
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,6 +135,36 @@ def settled(page: object) -> None:
     from playwright.sync_api import expect
 
     expect(page.locator("#study-image")).not_to_contain_text("processing", timeout=30000)  # type: ignore[attr-defined]
+
+
+def overlay_pixels(
+    page: object, colours: Iterable[str], at_least: int, timeout_s: float = 30.0
+) -> int:
+    """Pixels of the shown slice in any of ``colours`` (names of ``app.ui.render.COLOURS``),
+    once there are at least ``at_least`` of them or ``timeout_s`` has passed: the study image is
+    replaced after each action, and a screenshot taken while the new one loads holds none. The
+    count returned is the last one taken, so a page that never draws them fails the caller."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from app.ui.render import COLOURS
+
+    wanted = [np.array(COLOURS[name]) for name in colours]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        settled(page)
+        image = page.locator("#study-image img")  # type: ignore[attr-defined]
+        image.wait_for(timeout=20000)
+        png = np.asarray(Image.open(io.BytesIO(image.screenshot())).convert("RGB")).astype(int)
+        hits = np.zeros(png.shape[:2], dtype=bool)
+        for colour in wanted:
+            hits |= np.all(np.abs(png - colour) <= 40, axis=-1)
+        count = int(hits.sum())
+        if count >= at_least or time.monotonic() > deadline:
+            return count
+        time.sleep(0.5)
 
 
 CHROMIUM = "/usr/bin/chromium"

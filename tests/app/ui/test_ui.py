@@ -7,16 +7,12 @@ model): one lesion and one vessel, three measurements to review.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 
-import numpy as np
 import pytest
-from PIL import Image
 from sqlalchemy import select
 
-from app.ui.render import COLOURS
 from db.models import AuditEvent, Review
 
 from tests.support.ui import (
@@ -24,7 +20,7 @@ from tests.support.ui import (
     Running,
     choose,
     login,
-    settled,
+    overlay_pixels,
 )
 
 # uvicorn's and Playwright's threads leave their sockets and loops to the garbage collector
@@ -32,18 +28,6 @@ from tests.support.ui import (
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
 )
-
-
-def _overlay_pixels(page: object) -> int:
-    settled(page)
-    image = page.locator("#study-image img")  # type: ignore[attr-defined]
-    image.wait_for(timeout=20000)
-    shot = image.screenshot()
-    png = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"))  # (H, W, 3)
-    hits = np.zeros(png.shape[:2], dtype=bool)
-    for colour in (COLOURS["lesion"], COLOURS["vessel"]):
-        hits |= np.all(np.abs(png.astype(int) - np.array(colour)) <= 40, axis=-1)
-    return int(hits.sum())
 
 
 def test_a_wrong_password_is_refused(server: Running, browser: object) -> None:
@@ -67,7 +51,9 @@ def test_a_reviewer_accepts_corrects_and_rejects(server: Running, browser: objec
     page.get_by_role("button", name="Open study").click()  # type: ignore[attr-defined]
     page.get_by_role("tab", name="Study").click()  # type: ignore[attr-defined]
     page.get_by_text(re.compile(r"CLINICAL USE; logged in as alice")).wait_for(timeout=30000)  # type: ignore[attr-defined]
-    assert _overlay_pixels(page) > 50, "no overlay drawn on the finding's slice"
+    assert overlay_pixels(page, ("lesion", "vessel"), at_least=51) > 50, (
+        "no overlay drawn on the finding's slice"
+    )
     with server.store.reader() as session:
         from db.models import Measurement as Row
 

@@ -5,19 +5,16 @@ value (issue 21), in a real browser: Playwright drives Debian's Chromium against
 
 from __future__ import annotations
 
-import io
 import re
 
-import numpy as np
 import pytest
-from PIL import Image
 from sqlalchemy import func, select, update
 
 from app.ui.render import COLOURS
 from db.models import AuditEvent, Measurement, Review, ReviewStatus
 
 # the server, the browser and the page helpers of the UI's end-to-end test
-from tests.support.ui import PASSWORD, Running, choose, login, settled
+from tests.support.ui import PASSWORD, Running, choose, login, overlay_pixels
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
@@ -58,24 +55,12 @@ def _open_study(page: object, user: str) -> None:
     page.get_by_text(re.compile(rf"CLINICAL USE; logged in as {user}")).wait_for(timeout=30000)  # type: ignore[attr-defined]
 
 
-def _overlay_pixels(page: object) -> int:
-    """Pixels of the shown slice in any overlay colour (the selected finding's included)."""
-    settled(page)
-    image = page.locator("#study-image img")  # type: ignore[attr-defined]
-    image.wait_for(timeout=20000)
-    png = np.asarray(Image.open(io.BytesIO(image.screenshot())).convert("RGB")).astype(int)
-    hits = np.zeros(png.shape[:2], dtype=bool)
-    for colour in COLOURS.values():
-        hits |= np.all(np.abs(png - np.array(colour)) <= 40, axis=-1)
-    return int(hits.sum())
-
-
 def _page_intact(page: object) -> None:
     """The image is drawn with its overlays and the table lists the measurements: no error
     overlay took their place, and no error toast was shown."""
     from playwright.sync_api import expect
 
-    assert _overlay_pixels(page) > 50, "the image lost its overlays"
+    assert overlay_pixels(page, COLOURS, at_least=51) > 50, "the image lost its overlays"
     for part in ("#study-image", "#study-table"):
         expect(page.locator(part)).not_to_contain_text("Error")  # type: ignore[attr-defined]
     expect(page.locator("#study-table")).to_contain_text("long axis")  # type: ignore[attr-defined]
