@@ -66,22 +66,23 @@ __all__ = [
     "run_batch",
 ]
 
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "app.batch.options": (
-            "BatchEngine",
-            "BatchListener",
-            "BatchOptions",
-            "BatchSummary",
-            "Loaded",
-            "MeasuredStudy",
-            "default_work_dir",
-            "default_workers",
-            "inference_threads",
-        ),
-        "app.batch.local": ("LocalEngine",),
-        "app.batch.run": ("run_batch",),
-    },
-    globals(),
-)
+if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "app.batch.options": (
+                "BatchEngine",
+                "BatchListener",
+                "BatchOptions",
+                "BatchSummary",
+                "Loaded",
+                "MeasuredStudy",
+                "default_work_dir",
+                "default_workers",
+                "inference_threads",
+            ),
+            "app.batch.local": ("LocalEngine",),
+            "app.batch.run": ("run_batch",),
+        },
+        globals(),
+    )

@@ -27,4 +27,5 @@ def main() -> None:
     _main()
 
 
-__getattr__, __dir__ = _lazy_exports(__name__, {"app.cli.root": ("app",)}, globals())
+if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error
+    __getattr__, __dir__ = _lazy_exports(__name__, {"app.cli.root": ("app",)}, globals())

@@ -78,22 +78,23 @@ __all__ = [
 
 # served lazily (PEP 562): 'measure' hands its command over with the client alone, without
 # importing the server's side
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "app.resident.client": ("forward",),
-        "app.resident.kept": ("KeptModels", "keeping_models"),
-        "app.resident.protocol": (
-            "PROTOCOL",
-            "SOCKET_NAME",
-            "ResidentError",
-            "code_fingerprint",
-            "peer_uid",
-            "receive_message",
-            "send_message",
-            "socket_path",
-        ),
-        "app.resident.server": ("Command", "Listener", "listen", "serve", "serve_connection"),
-    },
-    globals(),
-)
+if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "app.resident.client": ("forward",),
+            "app.resident.kept": ("KeptModels", "keeping_models"),
+            "app.resident.protocol": (
+                "PROTOCOL",
+                "SOCKET_NAME",
+                "ResidentError",
+                "code_fingerprint",
+                "peer_uid",
+                "receive_message",
+                "send_message",
+                "socket_path",
+            ),
+            "app.resident.server": ("Command", "Listener", "listen", "serve", "serve_connection"),
+        },
+        globals(),
+    )

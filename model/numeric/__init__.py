@@ -101,4 +101,5 @@ __all__ = [
     "to_num_text",
 ]
 
-__getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
