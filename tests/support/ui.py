@@ -49,6 +49,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def users_store(path: Path, users: Iterable[tuple[str, Role, str | None]]) -> Store:
+    """A new SQLite store at ``path`` holding ``users`` (name, role, password or None), added
+    as the test; the caller disposes of it."""
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    store = open_store(url)
+    with store.writer() as session:
+        for name, role, password in users:
+            add_user(session, name, role, password=password, actor="test")
+        session.commit()
+    return store
+
+
 def seeded_store(root: Path) -> tuple[Store, str]:
     """An SQLite store under ``root`` with one phantom study (measurements from its truth) and
     the users alice (reviewer) and ida (auditor); returns it and the study's UID."""

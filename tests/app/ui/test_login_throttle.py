@@ -21,11 +21,12 @@ from app.settings import Settings
 from app.ui.context import UiContext
 from app.ui.server import create_app
 from app.ui.sessions import COOKIE
-from db.engine import Store, open_store
+from db.engine import Store
 from db.logins import LoginLimits
-from db.migrate import upgrade
 from db.models import AuditEvent, Role
 from db.users import add_user
+
+from tests.support.ui import users_store
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
@@ -36,14 +37,14 @@ PASSWORD = "correct horse"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'ui.sqlite3'}"
-    upgrade(url)
-    store = open_store(url)
-    with store.writer() as session:
-        add_user(session, "alice", Role.REVIEWER, password=PASSWORD, actor="test")
-        add_user(session, "bob", Role.REVIEWER, password=PASSWORD, actor="test")
-        add_user(session, "carol", Role.REVIEWER, password=None, actor="test")
-        session.commit()
+    store = users_store(
+        tmp_path / "ui.sqlite3",
+        [
+            ("alice", Role.REVIEWER, PASSWORD),
+            ("bob", Role.REVIEWER, PASSWORD),
+            ("carol", Role.REVIEWER, None),
+        ],
+    )
     yield store
     store.dispose()
 

@@ -18,11 +18,12 @@ from sqlalchemy import select
 from app.ui.context import UiContext
 from app.ui.server import create_app
 from app.ui.sessions import COOKIE
-from db.engine import Store, open_store
+from db.engine import Store
 from db.logins import LoginLimits
-from db.migrate import upgrade
 from db.models import AuditEvent, Role, User
-from db.users import add_user, reset_password, set_active, set_role
+from db.users import reset_password, set_active, set_role
+
+from tests.support.ui import users_store
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
@@ -33,14 +34,14 @@ PASSWORD = "correct horse"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'ui.sqlite3'}"
-    upgrade(url)
-    store = open_store(url)
-    with store.writer() as session:
-        add_user(session, "root", Role.ADMIN, password=PASSWORD, actor="test")
-        add_user(session, "alice", Role.REVIEWER, password=PASSWORD, actor="test")
-        add_user(session, "ida", Role.AUDITOR, password=PASSWORD, actor="test")
-        session.commit()
+    store = users_store(
+        tmp_path / "ui.sqlite3",
+        [
+            ("root", Role.ADMIN, PASSWORD),
+            ("alice", Role.REVIEWER, PASSWORD),
+            ("ida", Role.AUDITOR, PASSWORD),
+        ],
+    )
     yield store
     store.dispose()
 
