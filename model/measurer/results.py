@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CALIPER_TOLERANCE_MM",
     "MEASUREMENTS_OF",
     "NOT_MEASURABLE",
     "FindingKind",
@@ -35,6 +36,10 @@ __all__ = [
 ]
 
 NOT_MEASURABLE = "not measurable"
+
+#: how far a value may be from its end points' distance (half the 0.1 mm grid values are
+#: written on): the measurement is the caliper (architecture.md, "Geometry and units")
+CALIPER_TOLERANCE_MM = 0.05
 
 Vector3 = tuple[float, float, float]
 
@@ -130,7 +135,11 @@ Segment3 = tuple[Vector3, Vector3]
 class StudyFinding:
     """One finding of a study: kind, where (LPS mm and the source slice), its measurements and,
     when the model locates them, the measured axes as LPS end points (lesion: long, short;
-    vessel: a diameter)."""
+    vessel: a diameter).
+
+    The measurement is the caliper: each value is its segment's length (within
+    ``CALIPER_TOLERANCE_MM``); a finding whose numbers and end points disagree cannot be made.
+    A not-measurable value's segment carries no length to check."""
 
     id: int
     kind: FindingKind
@@ -166,6 +175,16 @@ class StudyFinding:
                     "pairs of finite (x, y, z) points"
                 )
             object.__setattr__(self, "axes_lps_mm", axes)
+            for measurement, segment in zip(self.measurements, axes, strict=True):
+                if measurement.value_mm is None:
+                    continue
+                drawn = math.dist(segment[0], segment[1])
+                if abs(drawn - measurement.value_mm) > CALIPER_TOLERANCE_MM:
+                    raise ValueError(
+                        f"finding {self.id} ({self.kind}): {measurement.name} is "
+                        f"{measurement.value_mm:.2f} mm but its end points are {drawn:.2f} mm "
+                        "apart; a value is the distance between its end points"
+                    )
 
     def to_json(self) -> dict[str, Any]:
         return {

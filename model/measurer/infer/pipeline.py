@@ -8,7 +8,12 @@ dedupe, calibrate, as the checkpoint supports them) and reports what the last on
 Subscribers (:meth:`CheckpointMeasurer.subscribe`) see every stage's state: experiments, the
 UI's progress, benchmarks. A stage is left out by leaving it out of ``stages``.
 
-``measure_at`` answers the point task on a crop centred at the clicked point.
+``measure_at`` answers the point task on a crop centred at the clicked point, and the axes task
+there for its caliper.
+
+A value is the distance between its end points (``model.measurer.infer.caliper``): the values
+are the measure (point) task's, their end points placed on the axes task's drawing; a checkpoint
+without the axes task gives values without end points, with a warning.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from ingestion.volume import Volume
 from model.measurer.checkpoint.domain import check as check_domain
 from model.measurer.checkpoint.settings import MeasurerSettings, checkpoint_hash
 from model.measurer.checkpoint.weights import LoadedMeasurer, load_checkpoint
+from model.measurer.infer.caliper import caliper
 from model.measurer.infer.inference import Answer, generate_answers, outcome_for
-from model.measurer.infer.stages import default_stages
+from model.measurer.infer.stages import default_stages, segment_to_lps
 from model.measurer.infer.state import (
+    MAX_AXES_TOKENS,
     MAX_POINT_TOKENS,
     AnswerForm,
     InferenceOptions,
@@ -39,15 +46,18 @@ from model.measurer.infer.state import (
     Trace,
     run_stages,
 )
-from model.measurer.inputs.data import Prompted, point_example
+from model.measurer.inputs.data import Prompted, axes_example, point_example
 from model.measurer.results import (
     MEASUREMENTS_OF,
+    FindingKind,
     Measurement,
     ModelInfo,
+    Segment3,
     StudyFinding,
     StudyResult,
     renumber,
 )
+from model.measurer.tasks.axes import parse_axes
 from model.measurer.tasks.grammar import find_answer_automaton
 from model.measurer.tasks.text import ParsedMeasure, parse_point
 from model.measurer.tasks.tokenizer import special_ids
@@ -203,6 +213,7 @@ class CheckpointMeasurer:
         traces = self._traces + ([] if trace is None else [trace])
         state = run_stages(self, StudyState(volume, warnings=warnings), self.stages, traces)
         findings = []
+        draws = self.draws_calipers and any(s.name == "axes" for s in self.stages)
         for candidate in state.candidates:
             found = candidate.found
             if candidate.outcome is None:
@@ -212,6 +223,11 @@ class CheckpointMeasurer:
                 )
             else:
                 measurements = candidate.outcome.measurements
+            axes = None
+            if draws:  # the values are the measure task's, their end points placed on the drawing
+                measurements, axes = caliper(
+                    found.kind, measurements, candidate.axes, volume.geometry.normal
+                )
             findings.append(
                 StudyFinding(
                     0,
@@ -219,8 +235,14 @@ class CheckpointMeasurer:
                     found.center_lps_mm,
                     _source_slice(volume, found.center_lps_mm),
                     measurements,
-                    candidate.axes,
+                    axes,
                 )
+            )
+        if findings and not draws:
+            state = state.with_candidates(
+                state.candidates,
+                f"{self.info.name} {self.info.version} draws no calipers (no axes task in its "
+                "stages): its values have no end points to check them by",
             )
         identifiers = volume.identifiers
         return StudyResult(
@@ -277,7 +299,32 @@ class CheckpointMeasurer:
                 settings.decode_check,
             ).measurements
         center = (point[0], point[1], point[2])
-        return StudyFinding(1, kind, center, _source_slice(volume, center), measurements)
+        axes = None
+        if self.draws_calipers:
+            measurements, axes = caliper(
+                kind, measurements, self._drawn_at(volume, center, kind), volume.geometry.normal
+            )
+        return StudyFinding(1, kind, center, _source_slice(volume, center), measurements, axes)
+
+    @property
+    def draws_calipers(self) -> bool:
+        """Whether the checkpoint knows the axes task, which places each value's end points
+        (``model.measurer.infer.caliper``); one that does not gives values without them."""
+        return "axes" in self.loaded.settings.tasks
+
+    def _drawn_at(
+        self, volume: Volume, center: tuple[float, float, float], kind: FindingKind
+    ) -> tuple[Segment3, ...] | None:
+        """The axes answer at ``center`` in LPS mm, or None where it was malformed."""
+        example = axes_example(volume, center, kind, self.loaded.settings.measure_inputs)
+        assert example is not None  # without truth an axes example is always made
+        text = self.generate([example], MAX_AXES_TOKENS)[0].text
+        parsed = parse_axes(text, kind)
+        if not parsed.success:
+            logger.warning("the axes answer at the point was malformed (not measurable)")
+            return None
+        frame = (example.crop.image.shape[0] - 1) / 2
+        return tuple(segment_to_lps(example.crop, frame, s) for s in parsed.segments)
 
     # --- steps ---------------------------------------------------------------------------------
 
