@@ -18,6 +18,7 @@ from app.report import exportable
 from app.ui.context import UiContext
 from app.ui.escaping import markdown_text
 from app.ui.render import WINDOWS, Overlay, index_of, render_slice
+from db.engine import Store
 from db.models import ReviewAction, Role
 from ingestion.errors import RadcaliperError, StaleEditError
 
@@ -33,6 +34,8 @@ __all__ = [
     "range_span",
     "redraw",
     "review",
+    "study_overlays",
+    "study_state",
     "upload",
     "user_name",
 ]
@@ -99,9 +102,15 @@ def user_name(request: gr.Request | None) -> str | None:
 
 
 def _study_state(context: UiContext, study_uid: str) -> StudyState:
+    return study_state(context.store, study_uid)
+
+
+def study_state(store: Store, study_uid: str) -> StudyState:
+    """What the study view shows of a stored study: its latest run's findings (``gr.Error``
+    when it is not stored)."""
     from db.queries import study_measurements
 
-    with context.store.reader() as session:
+    with store.reader() as session:
         study = study_measurements(session, study_uid)
     if study is None:
         raise gr.Error(f"study {study_uid} is not stored")
@@ -171,7 +180,9 @@ def _valid_axes(axes: object) -> bool:
     )
 
 
-def _overlays(study: StudyState, selected: int | None) -> list[Overlay]:
+def study_overlays(study: StudyState, selected: int | None) -> list[Overlay]:
+    """What the study image draws of each finding: its stored end points, exactly (a finding
+    without a valid stored place is not drawn; axes that are not numbers are not drawn)."""
     out = []
     for finding in study["findings"]:
         ids = [m["id"] for m in finding["measurements"]]
@@ -221,7 +232,7 @@ def _image(
     volume = context.volume(study["source"], study["series_instance_uid"])
     index = max(0, min(int(index), volume.shape[0] - 1))
     return render_slice(
-        volume, index, _window(preset, level, width), zoom, _overlays(study, selected)
+        volume, index, _window(preset, level, width), zoom, study_overlays(study, selected)
     )
 
 
