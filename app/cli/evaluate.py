@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -26,7 +27,17 @@ if TYPE_CHECKING:
     from model.measurer.evaluate.comparison import Configuration
     from model.measurer.train import StepReport
 
-__all__ = ["DATASET_BEGIN", "DATASET_END", "RESULTS_BEGIN", "RESULTS_END", "evaluate"]
+__all__ = [
+    "CLICK_BEGIN",
+    "CLICK_END",
+    "DATASET_BEGIN",
+    "DATASET_END",
+    "RESULTS_BEGIN",
+    "RESULTS_END",
+    "EvaluationTask",
+    "SplitSide",
+    "evaluate",
+]
 
 logger = logging.getLogger(__name__)
 _settings = settings_of
@@ -36,6 +47,24 @@ RESULTS_BEGIN = "<!-- radcaliper evaluate: begin -->"
 RESULTS_END = "<!-- radcaliper evaluate: end -->"
 DATASET_BEGIN = "<!-- radcaliper evaluate --dataset: begin -->"
 DATASET_END = "<!-- radcaliper evaluate --dataset: end -->"
+CLICK_BEGIN = "<!-- radcaliper evaluate --task click: begin -->"
+CLICK_END = "<!-- radcaliper evaluate --task click: end -->"
+
+
+class EvaluationTask(enum.StrEnum):
+    """What ``--dataset`` is scored on (``--task``)."""
+
+    STUDY = "study"
+    CLICK = "click"
+
+
+class SplitSide(enum.StrEnum):
+    """A side of the patient split (``ingestion.dataset.split.Side``; ``--split``)."""
+
+    TRAIN = "train"
+    VALIDATION = "validation"
+    CALIBRATION = "calibration"
+    TEST = "test"
 
 
 def _replace_section(
@@ -106,6 +135,25 @@ def evaluate(
             "results in --out (default DATASET/evaluation/MODEL-VERSION).",
         ),
     ] = None,
+    task: Annotated[
+        EvaluationTask,
+        typer.Option(
+            "--task",
+            case_sensitive=False,
+            help="With --dataset: 'study' finds and measures every series; 'click' measures "
+            "each lesion with readers' reads at clicks inside it (and outside it), against "
+            "the readers, beside the classical click-seeded segmentation.",
+        ),
+    ] = "study",  # type: ignore[assignment]
+    split: Annotated[
+        list[SplitSide] | None,
+        typer.Option(
+            "--split",
+            case_sensitive=False,
+            help="With --task click: the side(s) of the patient split to score (repeatable; "
+            "default test; docs/datasets.md).",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a model on a dataset (--dataset), or compare the numeric modes (RNED with the
     paper's and the correlation decoder, standard tokens, xVal) and the positional modes (M-RoPE,
@@ -113,13 +161,25 @@ def evaluate(
     held-out phantoms.
 
     With --dataset: writes OUT/evaluation.json, OUT/evaluation.md and plots (Bland-Altman and
-    predicted vs true per measurement); --results-md gets the tables. Otherwise writes
-    OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs true, Bland-Altman of
-    the shipped model, coverage vs nominal) and the tables in --results-md. Models are trained
+    predicted vs true per measurement); --results-md gets the tables. With --dataset and
+    --task click: OUT/click_evaluation.json, OUT/click_evaluation.md and plots, for the model
+    and the classical baseline on the test patients (--split), clicks drawn with --seed.
+    Otherwise writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs
+    true, Bland-Altman of the shipped model, coverage vs nominal) and the tables in --results-md. Models are trained
     into --work once and reused when their configuration is unchanged.
     """
     if out_dir is not None:
         output_folder(out_dir, "--out")
+    if split and (dataset is None or task is not EvaluationTask.CLICK):
+        err.print("[red]error:[/red] --split goes with --dataset DIR --task click")
+        raise typer.Exit(2)
+    if task is EvaluationTask.CLICK:
+        if dataset is None:
+            err.print("[red]error:[/red] --task click needs --dataset DIR (readers' reads)")
+            raise typer.Exit(2)
+        sides = tuple(split or (SplitSide.TEST,))
+        _evaluate_clicks(ctx, dataset, demo, out_dir, results_md, sides, seed)
+        return
     if dataset is not None:
         _evaluate_on_dataset(ctx, dataset, demo, out_dir, results_md)
         return
@@ -260,4 +320,58 @@ def _evaluate_on_dataset(
     text = write_outputs(result, target, header)
     if results_md is not None:
         _replace_section(results_md, text, DATASET_BEGIN, DATASET_END)
+    out.print(text, markup=False, highlight=False)
+
+
+def _evaluate_clicks(
+    ctx: typer.Context,
+    dataset: Path,
+    model_dir: Path | None,
+    out_dir: Path | None,
+    results_md: Path | None,
+    sides: tuple[SplitSide, ...],
+    seed: int,
+) -> None:
+    """``evaluate --dataset DIR --task click``: the model and the baseline at the same clicks
+    (``app.click_eval``)."""
+    from app.click_eval import ClickMeasurer, evaluate_clicks, write_click_outputs
+    from ingestion.dataset.format import read_dataset
+    from ingestion.dataset.split import Side
+    from ingestion.errors import RadcaliperError
+    from model.baseline import ClickSegmentation
+
+    try:  # the dataset first: a wrong folder should not wait for the model to load
+        data = read_dataset(dataset)
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    measurer = load_checkpoint(model_dir)
+    info = measurer.info
+    baseline = ClickSegmentation()
+    measurers: dict[str, ClickMeasurer] = {
+        f"{info.name} {info.version}": measurer,
+        f"{baseline.info.name} {baseline.info.version}": baseline,
+    }
+    try:
+        with progress_display() as progress:
+            task = progress.add_task("clicking", total=None, status="")
+            result = evaluate_clicks(
+                measurers,
+                data,
+                [Side(s.value) for s in sides],
+                seed=seed,
+                on_series=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    except RadcaliperError as exc:
+        err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
+        raise typer.Exit(EXIT_NOTHING) from None
+    target = out_dir or dataset / "evaluation" / f"click-{info.name}-{info.version}"
+    header = [
+        f"- command: `{command_line(ctx).strip()}`; {result.seconds / 60:.1f} min",
+        f"- dataset: `{dataset}`, side(s) {', '.join(result.sides)}: {result.lesions} lesions; "
+        f"click seed {seed}; results in `{target}/`",
+    ]
+    text = write_click_outputs(result, target, header)
+    if results_md is not None:
+        _replace_section(results_md, text, CLICK_BEGIN, CLICK_END)
     out.print(text, markup=False, highlight=False)
