@@ -165,8 +165,9 @@ def evaluate(
     --task click: OUT/click_evaluation.json, OUT/click_evaluation.md and plots, for the model
     and the classical baseline on the test patients (--split), clicks drawn with --seed.
     Otherwise writes OUT/numeric_modes.json, OUT/positional_modes.json, plots (predicted vs
-    true, Bland-Altman of the shipped model, coverage vs nominal) and the tables in --results-md. Models are trained
-    into --work once and reused when their configuration is unchanged.
+    true, Bland-Altman of the shipped model, coverage vs nominal) and the tables in
+    --results-md. Models are trained into --work once and reused when their configuration is
+    unchanged.
     """
     if out_dir is not None:
         output_folder(out_dir, "--out")
