@@ -46,7 +46,7 @@ from model.measurer.infer.state import (
     Trace,
     run_stages,
 )
-from model.measurer.inputs.data import Prompted, axes_example, point_example
+from model.measurer.inputs.data import AxesExample, Prompted, axes_example, point_example
 from model.measurer.results import (
     MEASUREMENTS_OF,
     FindingKind,
@@ -267,8 +267,14 @@ class CheckpointMeasurer:
         if len(point) != 3 or not all(math.isfinite(v) for v in point):
             raise ValueError(f"point_lps_mm must be three finite numbers, got {point_lps_mm!r}")
         inputs = self.loaded.settings.measure_inputs
-        example = point_example(volume, point, inputs)
-        answer = self.generate([example], MAX_POINT_TOKENS)[0]
+        drawings: list[AxesExample] = []
+        if self.draws_calipers:  # both kinds' axes in the same batch: one pass, not two
+            made = [axes_example(volume, point, kind, inputs) for kind in FindingKind]
+            drawings = [e for e in made if e is not None]
+            assert len(drawings) == len(FindingKind)  # without truth one is always made
+        examples: list[Prompted] = [point_example(volume, point, inputs), *drawings]
+        answers = self.generate(examples, max(MAX_POINT_TOKENS, MAX_AXES_TOKENS))
+        answer = answers[0]
         text = answer.text
         parsed = parse_point(text)
         if parsed.success and parsed.kind is None:
@@ -301,9 +307,9 @@ class CheckpointMeasurer:
         center = (point[0], point[1], point[2])
         axes = None
         if self.draws_calipers:
-            measurements, axes = caliper(
-                kind, measurements, self._drawn_at(volume, center, kind), volume.geometry.normal
-            )
+            which = list(FindingKind).index(kind)
+            drawn = _drawn(drawings[which], answers[1 + which].text, kind)
+            measurements, axes = caliper(kind, measurements, drawn, volume.geometry.normal)
         return StudyFinding(1, kind, center, _source_slice(volume, center), measurements, axes)
 
     @property
@@ -311,20 +317,6 @@ class CheckpointMeasurer:
         """Whether the checkpoint knows the axes task, which places each value's end points
         (``model.measurer.infer.caliper``); one that does not gives values without them."""
         return "axes" in self.loaded.settings.tasks
-
-    def _drawn_at(
-        self, volume: Volume, center: tuple[float, float, float], kind: FindingKind
-    ) -> tuple[Segment3, ...] | None:
-        """The axes answer at ``center`` in LPS mm, or None where it was malformed."""
-        example = axes_example(volume, center, kind, self.loaded.settings.measure_inputs)
-        assert example is not None  # without truth an axes example is always made
-        text = self.generate([example], MAX_AXES_TOKENS)[0].text
-        parsed = parse_axes(text, kind)
-        if not parsed.success:
-            logger.warning("the axes answer at the point was malformed (not measurable)")
-            return None
-        frame = (example.crop.image.shape[0] - 1) / 2
-        return tuple(segment_to_lps(example.crop, frame, s) for s in parsed.segments)
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -342,6 +334,17 @@ class CheckpointMeasurer:
         for flag in result.flags:
             logger.warning("%s", flag)
         return result.flags
+
+
+def _drawn(example: AxesExample, text: str, kind: FindingKind) -> tuple[Segment3, ...] | None:
+    """An axes answer's segments in LPS mm, or None where it was malformed."""
+    parsed = parse_axes(text, kind)
+    if not parsed.success:
+        logger.warning("the axes answer at the point was malformed (not measurable)")
+        return None
+    crop = example.crop
+    frame = (crop.image.shape[0] - 1) / 2
+    return tuple(segment_to_lps(crop, frame, s) for s in parsed.segments)
 
 
 def _nearest_voxel(volume: Volume, center: Sequence[float]) -> tuple[int, int, int]:
