@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["dataset_app"]
 
 dataset_app = typer.Typer(
-    help="Datasets of true findings from label maps, DICOM SEG, DICOM SR, reviews and phantoms "
-    "(what train, calibrate and evaluate read).",
+    help="Datasets of true findings from label maps, DICOM SEG, DICOM SR, readers' measurements, "
+    "reviews and phantoms (what train, calibrate and evaluate read).",
     no_args_is_help=True,
 )
 
@@ -45,6 +45,7 @@ class SourceKind(enum.StrEnum):
     SR = "sr"
     STORE = "store"
     PHANTOMS = "phantoms"
+    READS = "reads"
 
 
 def _run_import(
@@ -105,6 +106,15 @@ def _run_import(
             licence=licence or "unknown",
             on_item=on_item,
         )
+    if kind is SourceKind.READS:
+        from ingestion.dataset.reads import import_reads
+
+        return import_reads(
+            path,
+            on_item=on_item,
+            **({"annotator": annotator} if annotator else {}),
+            **({"licence": licence} if licence else {}),
+        )
     from ingestion.dataset.phantoms import import_phantoms
 
     return import_phantoms(path, on_item=on_item, **({"licence": licence} if licence else {}))
@@ -119,7 +129,8 @@ def import_command(
             metavar="SOURCE",
             help="What to import: a label map or a folder of image/label pairs (masks), a SEG "
             "or SR file or folder, a database URL (store; 'default' for the app's database), "
-            "or a 'radcaliper phantoms' folder.",
+            "a 'radcaliper phantoms' folder, or a folder of reads.csv with image/ and mask/ "
+            "crops (reads: each reader's long and short axis; the truth is their median).",
         ),
     ],
     out_dir: Annotated[
@@ -148,10 +159,16 @@ def import_command(
         ),
     ] = None,
     annotator: Annotated[
-        str | None, typer.Option("--annotator", help="Who made the annotations.")
+        str | None,
+        typer.Option("--annotator", help="Who made the annotations (reads: 'LIDC-IDRI readers')."),
     ] = None,
     licence: Annotated[
-        str | None, typer.Option("--licence", help="The annotations' licence or terms of use.")
+        str | None,
+        typer.Option(
+            "--licence",
+            help="The annotations' licence or terms of use (reads: LIDC-IDRI's CC BY 3.0 "
+            "with its attribution).",
+        ),
     ] = None,
     modality: Annotated[
         str | None,
@@ -164,7 +181,13 @@ def import_command(
 
     Importing the same input again replaces its rows and gives the same rows; other inputs' rows
     are kept. Items that cannot be used (a label map on another grid, a truncated lesion, an SR
-    group without a usable measurement, ...) are listed with the reason; the rest imports.
+    group without a usable measurement, a reads.csv row whose reads do not match n_reads, ...)
+    are listed with the reason; the rest imports.
+
+    --from reads: SOURCE holds reads.csv (case, patient_id, n_reads, reads_long_mm,
+    reads_short_mm, median_read_long_mm, median_read_short_mm), image/CASE.nii.gz (CT) and
+    mask/CASE.nii.gz; each row is one lesion whose axes are the readers' median, with every
+    read kept, the patient recorded and the places (slice, centre, end points) from the mask.
     """
     from ingestion.dataset.format import INFO_NAME, write_import
     from ingestion.errors import RadcaliperError

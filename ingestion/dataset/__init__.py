@@ -1,6 +1,7 @@
 """Datasets of true findings from real annotations: one format (``format``), importers from
-label maps, DICOM SEG, DICOM SR TID 1500 and phantoms, and RECIST truth from masks
-(``recist``). Training, calibration and evaluation read the format (README "Datasets").
+label maps, DICOM SEG, DICOM SR TID 1500, readers' measurements (``reads``) and phantoms,
+RECIST truth from masks (``recist``), and one patient-level split of every dataset the project
+uses (``split``). Training, calibration and evaluation read the format (README "Datasets").
 
 Names are served lazily (PEP 562), as in ``ingestion``.
 """
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
         ImportProgress,
         ImportResult,
         Label,
+        MaskRef,
         Provenance,
+        Read,
         Skipped,
         SourceType,
         TrueFinding,
@@ -33,8 +36,10 @@ if TYPE_CHECKING:
     from ingestion.dataset.label_file import read_label_file
     from ingestion.dataset.masks import findings_from_labels, import_masks
     from ingestion.dataset.phantoms import import_phantoms
+    from ingestion.dataset.reads import import_reads
     from ingestion.dataset.recist import LesionAxes, VesselSection, lesion_axes, vessel_sections
     from ingestion.dataset.seg import import_seg
+    from ingestion.dataset.split import Side, patient_of, select_side, side_of
     from ingestion.dataset.sr import ValueLimits, import_sr
 
 _SOURCES = {
@@ -48,7 +53,9 @@ _SOURCES = {
         "ImportProgress",
         "ImportResult",
         "Label",
+        "MaskRef",
         "Provenance",
+        "Read",
         "Skipped",
         "SourceType",
         "TrueFinding",
@@ -59,6 +66,7 @@ _SOURCES = {
     "ingestion.dataset.label_file": ("read_label_file",),
     "ingestion.dataset.masks": ("findings_from_labels", "import_masks"),
     "ingestion.dataset.phantoms": ("import_phantoms",),
+    "ingestion.dataset.reads": ("import_reads",),
     "ingestion.dataset.recist": (
         "LesionAxes",
         "VesselSection",
@@ -66,6 +74,7 @@ _SOURCES = {
         "vessel_sections",
     ),
     "ingestion.dataset.seg": ("import_seg",),
+    "ingestion.dataset.split": ("Side", "patient_of", "select_side", "side_of"),
     "ingestion.dataset.sr": ("ValueLimits", "import_sr"),
 }
 __all__ = [
@@ -79,7 +88,10 @@ __all__ = [
     "ImportResult",
     "Label",
     "LesionAxes",
+    "MaskRef",
     "Provenance",
+    "Read",
+    "Side",
     "Skipped",
     "SourceType",
     "TrueFinding",
@@ -89,11 +101,15 @@ __all__ = [
     "findings_from_labels",
     "import_masks",
     "import_phantoms",
+    "import_reads",
     "import_seg",
     "import_sr",
     "lesion_axes",
+    "patient_of",
     "read_dataset",
     "read_label_file",
+    "select_side",
+    "side_of",
     "vessel_sections",
     "write_import",
 ]

@@ -1,7 +1,8 @@
 """Where a dataset's line came from and which image it names, for
 :mod:`ingestion.dataset.format` (import these names from there): the source types, the finding
-labels, :class:`Provenance`, :class:`ImageRef`, and the checks of the values read back from a
-dataset's files (:func:`_text`, :func:`_number`, ...).
+labels, :class:`Provenance`, :class:`ImageRef`, a finding's readers' :class:`Read` and its
+:class:`MaskRef`, and the checks of the values read back from a dataset's files (:func:`_text`,
+:func:`_number`, ...).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from typing import Any, Literal
 
 __all__ = [
     "KINDS",
+    "READ_TOLERANCE_MM",
     "ImageRef",
     "KindName",
     "Label",
+    "MaskRef",
     "Provenance",
+    "Read",
     "Segment",
     "SourceType",
     "Vector3",
@@ -38,6 +42,7 @@ class SourceType(enum.StrEnum):
     SR = "sr"  # DICOM SR TID 1500 measurement groups
     STORE = "store"  # reviewed measurements in radcaliper's store
     PHANTOMS = "phantoms"  # `radcaliper phantoms` folders
+    READS = "reads"  # image crops + masks + each reader's long and short axis (reads.csv)
 
 
 class Label(enum.StrEnum):
@@ -163,5 +168,71 @@ class ImageRef:
 
     def resolve(self, root: Path) -> Path:
         """The image's path (relative paths are taken from the dataset folder ``root``)."""
+        path = Path(self.path)
+        return path if path.is_absolute() else root / path
+
+
+READ_TOLERANCE_MM = 0.01
+"""A read's short axis may exceed its long axis by this much (mm): the rounding of values
+written to two decimals; more is a wrong read."""
+
+
+@dataclass(frozen=True)
+class Read:
+    """One reader's measurement of a lesion: long axis and the short axis perpendicular to it
+    (mm). A finding keeps every reader's (``DatasetFinding.reads``); its own long and short
+    axis are the readers' median, the truth to score against."""
+
+    long_axis_mm: float
+    short_axis_mm: float
+
+    def __post_init__(self) -> None:
+        for name in ("long_axis_mm", "short_axis_mm"):
+            number = _number(f"read {name}", getattr(self, name))
+            if number <= 0:
+                raise ValueError(f"read {name} must be > 0 mm, got {number}")
+            object.__setattr__(self, name, number)
+        if self.short_axis_mm > self.long_axis_mm + READ_TOLERANCE_MM:
+            raise ValueError(
+                f"read short axis {self.short_axis_mm} mm exceeds its long axis "
+                f"{self.long_axis_mm} mm"
+            )
+
+    def to_json(self) -> dict[str, float]:
+        return {"long_axis_mm": self.long_axis_mm, "short_axis_mm": self.short_axis_mm}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Read:
+        return cls(data["long_axis_mm"], data["short_axis_mm"])
+
+
+@dataclass(frozen=True)
+class MaskRef:
+    """The label map a finding came from, on its image's grid: the voxels of value ``label``
+    are the finding (a click evaluation places clicks inside them and negatives outside).
+
+    Args:
+        path: a NIfTI or NRRD label map; relative paths are relative to the dataset folder.
+        label: the finding's label value (>= 1).
+    """
+
+    path: str
+    label: int
+
+    def __post_init__(self) -> None:
+        _text("mask path", self.path)
+        label = self.label
+        if isinstance(label, bool) or not isinstance(label, int) or label < 1:
+            raise ValueError(f"mask label must be an integer >= 1, got {label!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "label": self.label}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MaskRef:
+        return cls(data["path"], data["label"])
+
+    def resolve(self, root: Path) -> Path:
+        """The label map's path (relative paths are taken from the dataset folder ``root``)."""
         path = Path(self.path)
         return path if path.is_absolute() else root / path

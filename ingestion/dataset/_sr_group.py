@@ -20,16 +20,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ingestion.dataset._dicom_values import (
+from ingestion.dataset._dicom_import import (
+    ImageIndex,
+    SliceAt,
     UnusableError,
     code_meaning,
     code_value,
-    is_vessel_code,
-)
-from ingestion.dataset._series_index import (
-    ImageIndex,
-    SliceAt,
     image_points_to_lps,
+    is_vessel_code,
     nearest_slice,
 )
 from ingestion.dataset.format import KindName

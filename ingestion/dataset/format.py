@@ -19,7 +19,14 @@ short axis on its measured slice (``ingestion.dataset.recist``), centre = the lo
 midpoint; a vessel's is one cross-section's diameter and centre. ``z_range_lps_mm`` is the
 finding's extent along z, used by the matching rule (``model.measurer.evaluate.scoring``).
 
-The source types, labels, :class:`Provenance` and :class:`ImageRef` are defined in
+Optional keys, written only when set (a dataset that uses none of them is byte for byte what it
+was before they existed): a study's ``patient_id`` (the patient the series belongs to: the
+patient-level split, ``ingestion.dataset.split``, reads it), a lesion's ``reads`` (each
+reader's long and short axis, :class:`Read`, where the row's own axes are the readers' median)
+and a finding's ``mask`` (the label map it came from, :class:`MaskRef`).
+
+The source types, labels, :class:`Provenance`, :class:`ImageRef`, :class:`Read` and
+:class:`MaskRef` are defined in
 :mod:`ingestion.dataset._provenance` (with the checks of the values read back) and are part of
 this module's public surface: import them from here.
 """
@@ -40,7 +47,9 @@ from ingestion.dataset._provenance import (
     ImageRef,
     KindName,
     Label,
+    MaskRef,
     Provenance,
+    Read,
     Segment,
     SourceType,
     Vector3,
@@ -63,7 +72,9 @@ __all__ = [
     "ImportResult",
     "KindName",
     "Label",
+    "MaskRef",
     "Provenance",
+    "Read",
     "Segment",
     "Skipped",
     "SourceType",
@@ -129,6 +140,8 @@ class DatasetStudy:
         annotated: the kinds of finding annotated exhaustively in this series: a report of a
             kind not listed is neither right nor wrong (it is not counted as false).
         provenance: the input (its ``item`` is empty).
+        patient_id: the patient the series belongs to, where the input says (the
+            patient-level split reads it); written only when set.
     """
 
     study_instance_uid: str
@@ -136,10 +149,13 @@ class DatasetStudy:
     image: ImageRef
     annotated: tuple[KindName, ...]
     provenance: Provenance
+    patient_id: str | None = None
 
     def __post_init__(self) -> None:
         _text("study_instance_uid", self.study_instance_uid)
         _text("series_instance_uid", self.series_instance_uid)
+        if self.patient_id is not None:
+            _text("patient_id", self.patient_id)
         kinds = tuple(sorted(set(self.annotated)))
         for kind in kinds:
             if kind not in KINDS:
@@ -147,13 +163,16 @@ class DatasetStudy:
         object.__setattr__(self, "annotated", kinds)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "study_instance_uid": self.study_instance_uid,
             "series_instance_uid": self.series_instance_uid,
             "image": self.image.to_json(),
             "annotated": list(self.annotated),
             "provenance": self.provenance.to_json(),
         }
+        if self.patient_id is not None:
+            data["patient_id"] = self.patient_id
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DatasetStudy:
@@ -163,6 +182,7 @@ class DatasetStudy:
             ImageRef.from_json(data["image"]),
             tuple(data["annotated"]),
             Provenance.from_json(data["provenance"]),
+            data.get("patient_id"),
         )
 
 
@@ -191,6 +211,9 @@ class DatasetFinding:
         diameter_mm: vessel.
         long_axis_lps_mm, short_axis_lps_mm, diameter_lps_mm: the axes' end points, where known.
         provenance: where the row came from.
+        reads: a lesion's readers' own measurements, one per reader, where the row's long and
+            short axis are their median (the truth); written only when there are any.
+        mask: the label map the finding came from, on the image's grid; written only when set.
     """
 
     id: str
@@ -210,6 +233,8 @@ class DatasetFinding:
     long_axis_lps_mm: Segment | None = None
     short_axis_lps_mm: Segment | None = None
     diameter_lps_mm: Segment | None = None
+    reads: tuple[Read, ...] = ()
+    mask: MaskRef | None = None
 
     def __post_init__(self) -> None:
         _text("id", self.id)
@@ -245,6 +270,14 @@ class DatasetFinding:
         for name in wrong:
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is for the other kind of finding, not a {self.kind}")
+        reads = tuple(self.reads)
+        if not all(isinstance(r, Read) for r in reads):
+            raise ValueError(f"reads must be Read values, got {self.reads!r}")
+        if reads and (self.kind != "lesion" or self.label is not Label.FINDING):
+            raise ValueError("reads are a lesion finding's readers' axes; this row is not one")
+        object.__setattr__(self, "reads", reads)
+        if self.mask is not None and not isinstance(self.mask, MaskRef):
+            raise ValueError(f"mask must be a MaskRef, got {self.mask!r}")
 
     # -- what training reads (TrueFinding) ------------------------------------------------------
     @property
@@ -272,7 +305,7 @@ class DatasetFinding:
         def segment(value: Segment | None) -> list[list[float]] | None:
             return None if value is None else [list(value[0]), list(value[1])]
 
-        return {
+        data: dict[str, Any] = {
             "id": self.id,
             "study_instance_uid": self.study_instance_uid,
             "series_instance_uid": self.series_instance_uid,
@@ -291,6 +324,11 @@ class DatasetFinding:
             "diameter_lps_mm": segment(self.diameter_lps_mm),
             "provenance": self.provenance.to_json(),
         }
+        if self.reads:
+            data["reads"] = [r.to_json() for r in self.reads]
+        if self.mask is not None:
+            data["mask"] = self.mask.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DatasetFinding:
@@ -313,6 +351,8 @@ class DatasetFinding:
             long_axis_lps_mm=data.get("long_axis_lps_mm"),
             short_axis_lps_mm=data.get("short_axis_lps_mm"),
             diameter_lps_mm=data.get("diameter_lps_mm"),
+            reads=tuple(Read.from_json(r) for r in data.get("reads", ())),
+            mask=None if data.get("mask") is None else MaskRef.from_json(data["mask"]),
         )
 
 

@@ -7,7 +7,7 @@ What it reads, and the choices made (README "Datasets"):
 
 - **Input**: one SEG file or a folder tree of them; files that are not DICOM SEG are ignored.
   ``images`` (default: the source folder, or the SEG file's own folder) is scanned once, headers
-  only (``ingestion.dataset._series_index``: the slice order and geometry ``load_path`` gives).
+  only (``ingestion.dataset._dicom_import``: the slice order and geometry ``load_path`` gives).
 - **The referenced series** (ReferencedSeriesSequence) is looked up by its Series Instance UID;
   missing: a Skipped line ("referenced series <uid> not found under <images>") and the rest
   imports. A SEG of several series is refused.
@@ -20,7 +20,7 @@ What it reads, and the choices made (README "Datasets"):
   at least 0.5; LABELMAP: the stored value is the segment number.
 - **Roles**: from each segment's segmented property type: Lesion, Neoplasm / Tumor, Mass,
   Nodule, Metastasis, Carcinoma, ... -> lesion; Blood Vessel, Artery, Vein, Aorta, ...
-  -> vessel (``_dicom_values.is_vessel_code``); other segments are ignored. A ``label_file``
+  -> vessel (``_dicom_import.is_vessel_code``); other segments are ignored. A ``label_file``
   (the masks importer's formats) overrides the codes: it decides alone, by segment label or
   segment number (:func:`segment_roles`).
 - Each segment with a role is measured on its own label array (its segment number as the label
@@ -42,14 +42,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ingestion.dataset._dicom_import import Collected, import_objects
-from ingestion.dataset._dicom_values import (
+from ingestion.dataset._dicom_import import (
+    Collected,
+    ImageIndex,
     UnusableError,
     content_time,
+    import_objects,
     is_vessel_code,
     person_name,
 )
-from ingestion.dataset._series_index import ImageIndex
 from ingestion.dataset.format import (
     DatasetFinding,
     DatasetStudy,

@@ -48,7 +48,7 @@ What it reads, and the choices made (README "Datasets"):
   what someone measured, not every finding of the series.
 
 This module reads documents (their groups, observers and provenance) and makes the rows; one
-group is read by ``_sr_group`` and the images are found by ``_series_index``.
+group is read by ``_sr_group`` and the images are found by ``_dicom_import``.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ingestion.dataset._dicom_import import Collected, import_objects
-from ingestion.dataset._dicom_values import (
+from ingestion.dataset._dicom_import import (
+    Collected,
+    ImageIndex,
     UnusableError,
     code_meaning,
     code_value,
     content_time,
+    import_objects,
     person_name,
 )
-from ingestion.dataset._series_index import ImageIndex
 from ingestion.dataset._sr_group import (
     Axis,
     GroupRead,

@@ -1,0 +1,111 @@
+"""Reads folders for the tests of ``ingestion.dataset.reads`` and ``dataset import --from
+reads``: small synthetic CT crops with an elliptic lesion mask, and the rows of reads.csv; and
+the shared data folder where the machine has it."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+
+from ingestion.errors import ConfigurationError
+
+COLUMNS = (
+    "case",
+    "patient_id",
+    "nodule_id",
+    "n_reads",
+    "reads_long_mm",
+    "reads_short_mm",
+    "median_read_long_mm",
+    "median_read_short_mm",
+)
+SPACING_MM = (0.7, 0.7, 2.0)  # NIfTI (column, row, slice)
+SHAPE = (24, 26, 5)
+SEMI_AXES_PX = (6.0, 4.0)  # along columns, rows: the mask's long axis is 2 x 6 x 0.7 = 8.4 mm
+
+
+def shared_or_none() -> Path | None:
+    """The shared data folder (``shared_data_root``), None where this machine has none."""
+    from model.measurer.data.hybrid import shared_data_root
+
+    try:
+        return shared_data_root()
+    except ConfigurationError:
+        return None
+
+
+def write_crop(folder: Path, case: str, *, mask_value: int = 1, empty: bool = False) -> None:
+    """image/CASE.nii.gz (soft tissue at 40 HU, the lesion at 120 HU; noise seeded by the
+    case) and mask/CASE.nii.gz (``mask_value`` in an ellipse on the middle slice, 2, and a
+    smaller disc on the slices beside it)."""
+    x, y = np.meshgrid(np.arange(SHAPE[0]), np.arange(SHAPE[1]), indexing="ij")
+    a, b = SEMI_AXES_PX
+    ellipse = ((x - 11.5) / a) ** 2 + ((y - 12.5) / b) ** 2 <= 1.0
+    disc = (x - 11.5) ** 2 + (y - 12.5) ** 2 <= 9.0
+    mask = np.zeros(SHAPE, dtype=np.uint8)
+    if not empty:
+        mask[..., 2] = ellipse * mask_value
+        for z in (1, 3):
+            mask[..., z] = disc * mask_value
+    seed = sum(case.encode())
+    noise = np.random.default_rng(seed).normal(0.0, 5.0, SHAPE)
+    image = np.where(mask > 0, 120.0, 40.0) + noise
+    affine = np.diag([*SPACING_MM, 1.0])
+    affine[:3, 3] = (-8.0, 20.0, -50.0)
+    for sub, data, dtype in (("image", image, np.int16), ("mask", mask, np.uint8)):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        nib.save(nib.Nifti1Image(data.astype(dtype), affine), folder / sub / f"{case}.nii.gz")
+
+
+def row(
+    case: str,
+    patient: str,
+    longs: Sequence[float],
+    shorts: Sequence[float],
+    **overrides: str,
+) -> dict[str, str]:
+    """A reads.csv row with the reads' medians; ``overrides`` replace any column's text."""
+    values = {
+        "case": case,
+        "patient_id": patient,
+        "nodule_id": case.rsplit("_", 1)[-1],
+        "n_reads": str(len(longs)),
+        "reads_long_mm": ";".join(f"{v:.2f}" for v in longs),
+        "reads_short_mm": ";".join(f"{v:.2f}" for v in shorts),
+        "median_read_long_mm": f"{statistics.median(longs):.3f}",
+        "median_read_short_mm": f"{statistics.median(shorts):.3f}",
+    }
+    values.update(overrides)
+    return values
+
+
+def write_table(
+    folder: Path, rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS
+) -> Path:
+    """``folder/reads.csv`` with ``columns`` (a row's other keys are left out)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "reads.csv"
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def write_reads_folder(folder: Path) -> Path:
+    """Three lesions of two patients, every one importable: LIDC-IDRI-0001 with two nodules
+    (4 and 3 readers), LIDC-IDRI-0002 with one."""
+    rows = [
+        row("LIDC-IDRI-0001_R_1", "LIDC-IDRI-0001", [8.1, 9.0, 8.6, 7.9], [5.2, 6.0, 5.5, 5.0]),
+        row("LIDC-IDRI-0001_R_2", "LIDC-IDRI-0001", [10.5, 11.2, 9.9], [7.1, 7.7, 6.6]),
+        row("LIDC-IDRI-0002_R_1", "LIDC-IDRI-0002", [6.2, 6.8, 7.0, 6.4], [4.1, 4.4, 4.9, 4.0]),
+    ]
+    for r in rows:
+        write_crop(folder, r["case"])
+    write_table(folder, rows)
+    return folder
