@@ -64,6 +64,7 @@ from ingestion.volume import Modality, SourceFormat, Volume
 __all__ = [
     "MIN_LESION_VOXELS",
     "MIN_SECTION_AREA_MM2",
+    "finding_mask",
     "findings_from_labels",
     "import_masks",
 ]
@@ -482,3 +483,35 @@ def import_masks(
     return ImportResult(
         SourceType.MASKS, provenance.path, tuple(studies), tuple(findings), tuple(skipped)
     )
+
+
+def finding_mask(root: Path, finding: DatasetFinding, volume: Volume) -> npt.NDArray[np.bool_]:
+    """The voxels of ``finding``'s label map (``finding.mask``) that are the finding, on
+    ``volume``'s grid (slice, row, column); nothing is resampled.
+
+    Raises:
+        IngestionError: the finding names no mask, or its label map is unreadable, on another
+            grid, or holds no voxel of its label; named with the file and what to do.
+    """
+    if finding.mask is None:
+        raise IngestionError(f"finding {finding.id} names no label map (its mask)")
+    path = finding.mask.resolve(root)
+    try:
+        labels, grid = read_label_map(path)
+        labels = on_image_grid(labels, grid, volume.shape, volume.geometry)
+    except GridMismatch as error:
+        raise IngestionError(
+            f"{path}: the label map's grid differs from its image's ({error}); nothing is "
+            "resampled: import it again with its own image"
+        ) from None
+    except IngestionError:
+        raise
+    except Exception as error:  # MONAI's readers raise many types for a bad file
+        first = next(iter(str(error).strip().splitlines()), "")
+        raise IngestionError(
+            f"{path}: the label map cannot be read ({type(error).__name__}: {first})"
+        ) from None
+    mask: npt.NDArray[np.bool_] = labels == finding.mask.label
+    if not mask.any():
+        raise IngestionError(f"{path}: no voxel holds the finding's label {finding.mask.label}")
+    return mask
