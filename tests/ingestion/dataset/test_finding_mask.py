@@ -51,11 +51,11 @@ def test_what_cannot_be_the_mask_is_refused_by_name(imported: Path, tmp_path: Pa
     with pytest.raises(IngestionError, match="no voxel holds the finding's label 7"):
         finding_mask(dataset.root, other_label, volume)
     missing = dataclasses.replace(finding, mask=MaskRef(str(tmp_path / "gone.nii.gz"), 1))
-    with pytest.raises(IngestionError, match="gone.nii.gz"):
+    with pytest.raises(IngestionError, match=r"gone\.nii\.gz"):
         finding_mask(dataset.root, missing, volume)
     small = tmp_path / "small.nii.gz"
     nib.save(nib.Nifti1Image(np.ones((4, 4, 2), np.uint8), np.eye(4)), small)
-    with pytest.raises(IngestionError, match="small.nii.gz: the label map's grid differs"):
+    with pytest.raises(IngestionError, match=r"small\.nii\.gz: the label map's grid differs"):
         finding_mask(
             dataset.root, dataclasses.replace(finding, mask=MaskRef(str(small), 1)), volume
         )
