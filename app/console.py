@@ -130,13 +130,18 @@ def cli_actor() -> str:
 
 def command_args(ctx: typer.Context) -> list[str]:
     """The command's arguments as a user would type them again: every argument, and every
-    option that differs from its default (the values as strings)."""
+    option that differs from its default (the values as strings; a repeatable option once per
+    value)."""
     parts: list[str] = []
     for param in ctx.command.params:  # typer's own click: duck-typed, not isinstance
         value = ctx.params.get(param.name or "")
         kind = getattr(param, "param_type_name", "")
         if kind == "argument":
             parts.append(str(value))
+        elif kind == "option" and getattr(param, "multiple", False):
+            flag = max(param.opts, key=len)
+            for item in value or ():
+                parts += [flag, str(item)]
         elif kind == "option" and value != param.default and value is not None:
             flag = max(param.opts, key=len)
             if getattr(param, "is_flag", False):
