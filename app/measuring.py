@@ -274,7 +274,7 @@ def measure_at_and_store(
     from db.store import input_fingerprint, store_result
 
     identity = clicks_identity(measurer, input_fingerprint(volume), points)
-    nothing = tuple(  # the run keeps the points without a finding in its warnings
+    unanswered = tuple(  # the run keeps the points without a finding in its warnings
         f"point {k} at ({', '.join(f'{c:.1f}' for c in click.at_lps_mm)}) mm: "
         f"{click.nothing_measurable}"
         for k, click in enumerate(clicks, start=1)
@@ -283,7 +283,7 @@ def measure_at_and_store(
     with store.writer() as session:
         outcome = store_result(
             session,
-            dataclasses.replace(result, warnings=result.warnings + nothing),
+            dataclasses.replace(result, warnings=result.warnings + unanswered),
             volume,
             identity,
             actor=actor,
