@@ -105,6 +105,32 @@ def test_measure_through_the_resident_is_measuring_here(resident: Resident) -> N
     assert table.returncode == 0 and "NOT FOR CLINICAL USE" in table.stdout
 
 
+def test_measure_at_points_through_the_resident_is_measuring_here(resident: Resident) -> None:
+    truth = json.loads((resident.cwd / resident.study / "truth.json").read_text())
+    corner = truth["geometry"]["origin_lps_mm"]  # a corner voxel: air
+    points = [",".join(map(repr, f["center_lps_mm"])) for f in truth["findings"]]
+    points.append(f"{corner[0]}, {corner[1]}, {corner[2]}")
+    at = [part for point in points for part in ("--at", point)]  # negative numbers among them
+    dicom = str(resident.study / "dicom")
+    handed = resident.measure("-v", "measure", dicom, "--json", "--no-store", *at)
+    assert handed.returncode == 0, handed.stderr
+    assert "measured by the resident" in handed.stderr
+    here = runner.invoke(
+        app,
+        ["measure", str(resident.cwd / dicom), "--json", "--no-store", "--no-resident", *at],
+        env={"RADCALIPER_DATA_DIR": str(resident.data_dir)},
+    )
+    assert here.exit_code == 0, here.output
+    answer = json.loads(handed.stdout)
+    assert answer == json.loads(here.stdout)
+    assert [c["at_lps_mm"] for c in answer["clicks"]] == [
+        [float(v) for v in point.split(",")] for point in points
+    ]
+    refused = resident.measure("-v", "measure", dicom, "--at", "1,2")  # refused before handing
+    assert refused.returncode == 2 and "'1,2' has 2 number(s)" in refused.stderr
+    assert "measured by the resident" not in refused.stderr
+
+
 def test_the_resident_stores_in_the_clients_database(resident: Resident) -> None:
     dicom = str(resident.study / "dicom")
     env = {**resident.env, "RADCALIPER_DATABASE_URL": "sqlite:///client.sqlite3"}
