@@ -8,6 +8,7 @@ for the module (``keeping_models``, as a resident keeps it)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from db.models import AuditEvent, Run
 from db.store import input_fingerprint
 from ingestion.load import load_path
 from ingestion.phantoms import write_phantoms
+from model.measurer.results import CALIPER_TOLERANCE_MM
 
 from tests.support.series import SeriesFactory
 
@@ -107,9 +109,13 @@ def _check_answers(data: dict[str, Any], points: list[tuple[float, float, float]
         assert names == (
             ["long_axis", "short_axis"] if finding["kind"] == "lesion" else ["diameter"]
         )
-        for m in finding["measurements"]:
-            if m["value_mm"] is not None and m["range_mm"] is not None:
+        for k, m in enumerate(finding["measurements"]):
+            if m["value_mm"] is None:
+                continue
+            if m["range_mm"] is not None:
                 assert m["range_mm"][0] <= m["value_mm"] <= m["range_mm"][1]
+            start, end = finding["axes_lps_mm"][k]  # a value is its caliper's length
+            assert math.dist(start, end) == pytest.approx(m["value_mm"], abs=CALIPER_TOLERANCE_MM)
 
 
 def test_points_are_answered_in_order_and_stored_as_a_run_of_their_own(
