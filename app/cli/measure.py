@@ -328,7 +328,7 @@ def refuse_outside(
         if all(-0.5 <= i <= n - 0.5 for i, n in zip(index, volume.shape, strict=True)):
             continue
         spans = ", ".join(
-            f"{axis} {low:.1f} to {high:.1f}"
+            f"{axis} {low:.2f} to {high:.2f}"
             for axis, (low, high) in zip("xyz", _extent(volume), strict=True)
         )
         err.print(
