@@ -187,7 +187,7 @@ def evaluate(
     out_dir = out_dir or Path("benchmarks/results")
     import time
 
-    from app.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
+    from app.evaluation.plots import bland_altman, coverage_vs_nominal, predicted_vs_true
     from app.report import comparison_markdown
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.data import PhantomSource
@@ -294,8 +294,8 @@ def _evaluate_on_dataset(
     out_dir: Path | None,
     results_md: Path | None,
 ) -> None:
-    """``evaluate --dataset``: one model on one dataset (``app.dataset_eval``)."""
-    from app.dataset_eval import evaluate_dataset, write_outputs
+    """``evaluate --dataset``: one model on one dataset (``app.evaluation.dataset``)."""
+    from app.evaluation.dataset import evaluate_dataset, write_outputs
     from ingestion.errors import RadcaliperError
     from model.measurer.data import DatasetSource
 
@@ -334,8 +334,8 @@ def _evaluate_clicks(
     seed: int,
 ) -> None:
     """``evaluate --dataset DIR --task click``: the model and the baseline at the same clicks
-    (``app.click_eval``)."""
-    from app.click_eval import ClickMeasurer, evaluate_clicks, write_click_outputs
+    (``app.evaluation.clicks``)."""
+    from app.evaluation.clicks import ClickMeasurer, evaluate_clicks, write_click_outputs
     from ingestion.dataset.format import read_dataset
     from ingestion.dataset.split import Side
     from ingestion.errors import RadcaliperError

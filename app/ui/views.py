@@ -130,7 +130,7 @@ def _audit(
     context: UiContext, patient: str, study: str, since: str, until: str, version: str,
     status: str, reviewer: str, request: gr.Request,
 ) -> tuple[list[list[object]], str, object, str]:  # fmt: skip
-    from app.plots import agreement_figure
+    from app.evaluation.plots import agreement_figure
     from db.models import ReviewStatus
     from db.queries import MeasurementFilter, measurement_rows
 

@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.plots import agreement_figure
+from app.evaluation.plots import agreement_figure
 from app.report import rows_csv, rows_json
 from app.settings import Settings
 from db.engine import Store

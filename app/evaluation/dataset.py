@@ -176,7 +176,7 @@ def evaluation_markdown(result: DatasetEvaluation, header: Sequence[str] = ()) -
 def write_outputs(result: DatasetEvaluation, out_dir: Path, header: Sequence[str] = ()) -> str:
     """Write evaluation.json, evaluation.md and the plots under ``out_dir``; returns the
     markdown."""
-    from app.plots import measurement_agreement
+    from app.evaluation.plots import measurement_agreement
     from model.measurer.evaluate.comparison import json_safe
     from model.measurer.evaluate.scoring import calibration_pairs
 

@@ -347,7 +347,7 @@ def write_click_outputs(
     evaluation: ClickEvaluation, out_dir: Path, header: Sequence[str] = ()
 ) -> str:
     """Write the JSON, the markdown and the plots into ``out_dir``; returns the markdown."""
-    from app.plots import bland_altman, predicted_vs_true
+    from app.evaluation.plots import bland_altman, predicted_vs_true
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "click_evaluation.json").write_text(
