@@ -199,6 +199,7 @@ def clicks_identity(measurer: NamedModel, fingerprint: str, points: Sequence[Poi
     fingerprint: its own input fingerprint (sha256 of the input's and the points), so that it is
     neither the run of the whole study nor one at other points, and the same clicks are stored
     once per model and input. Its settings name the points and the input's fingerprint."""
+    from db.queries import CLICKED
     from db.store import RunIdentity
 
     at = [[float(c) for c in point] for point in points]
@@ -208,7 +209,7 @@ def clicks_identity(measurer: NamedModel, fingerprint: str, points: Sequence[Poi
     return RunIdentity(
         checkpoint_hash=measurer.checkpoint_hash,
         input_fingerprint=digest.hexdigest(),
-        settings={"inference": "at", "at_lps_mm": at, "volume_fingerprint": fingerprint},
+        settings={"inference": CLICKED, "at_lps_mm": at, "volume_fingerprint": fingerprint},
     )
 
 

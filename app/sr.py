@@ -2,9 +2,10 @@
 
 What goes in, and the choices made (README "DICOM SR"):
 
-- **Which run**: the study's latest run (the one the review UI shows). Each finding is one
-  measurement group (TID 1501) with a tracking identifier ("finding N") and a tracking UID that is
-  derived from the run's identity and the finding number (:func:`tracking_uid`), so exporting
+- **Which run**: the run the review UI shows (``db.queries.shown_run_order``): the study's
+  latest run of the whole study, else its latest run of clicked points (``measure --at``).
+  Each finding is one measurement group (TID 1501) with a tracking identifier ("finding N")
+  and a tracking UID that is derived from the run's identity and the finding number (:func:`tracking_uid`), so exporting
   again gives the same UID; finding type (SCT Lesion / Blood Vessel); the algorithm (model name,
   version, "NOT FOR CLINICAL USE" in the name when the model is the demo, and the calibrated
   coverage as a parameter); and the measured slice as source image.
@@ -131,6 +132,7 @@ def _latest_run(session: Session, study_instance_uid: str) -> tuple[Study, Run |
     from sqlalchemy import select
 
     from db.models import Run, Series, Study
+    from db.queries import shown_run_order
 
     study = session.execute(
         select(Study).where(Study.study_instance_uid == study_instance_uid)
@@ -144,7 +146,7 @@ def _latest_run(session: Session, study_instance_uid: str) -> tuple[Study, Run |
         select(Run)
         .join(Series, Run.series_id == Series.id)
         .where(Series.study_id == study.id)
-        .order_by(Run.id.desc())
+        .order_by(*shown_run_order())
         .limit(1)
     ).scalar_one_or_none()
     return study, run

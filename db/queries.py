@@ -22,12 +22,14 @@ from db.audit.coverage import canonical_time
 from db.models import AuditEvent, Finding, Measurement, ReviewStatus, Run, Series, Study, User
 
 __all__ = [
+    "CLICKED",
     "LogFilter",
     "MeasurementFilter",
     "WorklistFilter",
     "audit_log_rows",
     "measurement_query",
     "measurement_rows",
+    "shown_run_order",
     "study_measurements",
     "worklist_rows",
 ]
@@ -176,12 +178,33 @@ class WorklistFilter:
     limit: int = 500
 
 
+CLICKED = "at"
+"""``Run.settings["inference"]`` of a run of clicked points (``measure --at``): measured only at
+those points, so it never stands for the whole study."""
+
+
+def _whole_study() -> Any:
+    """True for a run that measured the whole study (not only clicked points)."""
+    return func.coalesce(Run.settings["inference"].as_string(), "") != CLICKED
+
+
+def shown_run_order() -> tuple[Any, Any]:
+    """ORDER BY for the run a study is shown, reviewed and exported by: its latest run of the
+    whole study, else (a study only clicked) its latest run of points."""
+    return case((_whole_study(), 1), else_=0).desc(), Run.id.desc()
+
+
 def worklist_rows(
     session: Session, filters: WorklistFilter, *, pseudonym_key: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per study: patient, date, latest model version, findings and review progress."""
     latest = (
-        select(Series.study_id, func.max(Run.id).label("run_id"))
+        select(
+            Series.study_id,
+            func.coalesce(func.max(case((_whole_study(), Run.id))), func.max(Run.id)).label(
+                "run_id"
+            ),
+        )
         .join(Run, Run.series_id == Series.id)
         .group_by(Series.study_id)
         .subquery()
@@ -242,14 +265,14 @@ def worklist_rows(
 
 
 def study_measurements(session: Session, study_instance_uid: str) -> dict[str, Any] | None:
-    """The latest run of a study with its findings and measurements (for the study view), or
-    None when the study is not stored."""
+    """The run a study is shown by (:func:`shown_run_order`) with its findings and measurements
+    (for the study view), or None when the study is not stored."""
     run = session.execute(
         select(Run)
         .join(Series, Run.series_id == Series.id)
         .join(Study, Series.study_id == Study.id)
         .where(Study.study_instance_uid == study_instance_uid)
-        .order_by(Run.id.desc())
+        .order_by(*shown_run_order())
         .limit(1)
     ).scalar_one_or_none()
     if run is None:
