@@ -3,12 +3,13 @@
 What goes in, and the choices made (README "DICOM SR"):
 
 - **Which run**: the run the review UI shows (``db.queries.shown_run_order``): the study's
-  latest run of the whole study, else its latest run of clicked points (``measure --at``).
-  Each finding is one measurement group (TID 1501) with a tracking identifier ("finding N")
-  and a tracking UID that is derived from the run's identity and the finding number
-  (:func:`tracking_uid`), so exporting again gives the same UID; finding type (SCT Lesion / Blood Vessel); the algorithm (model name,
-  version, "NOT FOR CLINICAL USE" in the name when the model is the demo, and the calibrated
-  coverage as a parameter); and the measured slice as source image.
+  latest run of the whole study, else its latest run of clicked points (``measure --at``). Each
+  finding is one measurement group (TID 1501) with a tracking identifier ("finding N") and a
+  tracking UID that is derived from the run's identity and the finding number
+  (:func:`tracking_uid`), so exporting again gives the same UID; finding type (SCT Lesion /
+  Blood Vessel); the algorithm (model name, version, "NOT FOR CLINICAL USE" in the name when the
+  model is the demo, and the calibrated coverage as a parameter); and the measured slice as
+  source image.
 - **Values**: Long Axis / Short Axis / Diameter (SCT) in UCUM ``mm``. The value is the current
   one: the model's, or the reviewer's when corrected. The calibrated range (nominal coverage,
   e.g. 90 %) is written as the measurement's lower / upper measurement uncertainty (TID 310
