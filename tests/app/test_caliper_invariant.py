@@ -190,3 +190,33 @@ def test_the_sr_carries_the_same_calipers(measured: Measured, tmp_path: Path) ->
     assert checked == sum(
         m["value_mm"] is not None for f in measured.json["findings"] for m in f["measurements"]
     )
+
+
+def test_measure_at_answers_with_calipers_too(measured: Measured) -> None:
+    points = [f["center_lps_mm"] for f in measured.json["findings"]][:3]
+    args = [a for p in points for a in ("--at", ",".join(f"{v:.3f}" for v in p))]
+    done = runner.invoke(
+        app, ["measure", str(measured.path), *args, "--json", "--db", measured.url, "--no-resident"]
+    )
+    assert done.exit_code == 0, done.output
+    clicked = json.loads(done.stdout)
+    assert len(clicked["clicks"]) == len(points)
+    values = 0
+    for finding in clicked["findings"]:
+        for k, m in enumerate(finding["measurements"]):
+            if m["value_mm"] is not None:
+                values += 1
+                assert _length(finding["axes_lps_mm"][k]) == pytest.approx(
+                    m["value_mm"], abs=TOLERANCE_MM
+                )
+    assert values, "no clicked value to check"
+    with measured.store().reader() as session:  # stored as printed, a run of its own
+        run = session.execute(select(Run).order_by(Run.id.desc())).scalars().first()
+        assert run is not None and run.settings["inference"] == "at"
+        for row in run.findings:
+            assert row.axes_lps_mm is not None
+            for k, m in enumerate(sorted(row.measurements, key=lambda m: m.id)):
+                if m.value_mm is not None:
+                    assert _length(row.axes_lps_mm["segments"][k]) == pytest.approx(
+                        m.value_mm, abs=TOLERANCE_MM
+                    )
