@@ -39,10 +39,18 @@ def shared_or_none() -> Path | None:
         return None
 
 
-def write_crop(folder: Path, case: str, *, mask_value: int = 1, empty: bool = False) -> None:
-    """image/CASE.nii.gz (soft tissue at 40 HU, the lesion at 120 HU; noise seeded by the
-    case) and mask/CASE.nii.gz (``mask_value`` in an ellipse on the middle slice, 2, and a
-    smaller disc on the slices beside it)."""
+def write_crop(
+    folder: Path,
+    case: str,
+    *,
+    mask_value: int = 1,
+    empty: bool = False,
+    background_hu: float = 40.0,
+) -> None:
+    """image/CASE.nii.gz (``background_hu`` around, soft tissue at 40 HU by default, lung at
+    about -800; the lesion at 120 HU; noise seeded by the case) and mask/CASE.nii.gz
+    (``mask_value`` in an ellipse on the middle slice, 2, and a smaller disc on the slices
+    beside it)."""
     x, y = np.meshgrid(np.arange(SHAPE[0]), np.arange(SHAPE[1]), indexing="ij")
     a, b = SEMI_AXES_PX
     ellipse = ((x - 11.5) / a) ** 2 + ((y - 12.5) / b) ** 2 <= 1.0
@@ -54,7 +62,7 @@ def write_crop(folder: Path, case: str, *, mask_value: int = 1, empty: bool = Fa
             mask[..., z] = disc * mask_value
     seed = sum(case.encode())
     noise = np.random.default_rng(seed).normal(0.0, 5.0, SHAPE)
-    image = np.where(mask > 0, 120.0, 40.0) + noise
+    image = np.where(mask > 0, 120.0, background_hu) + noise
     affine = np.diag([*SPACING_MM, 1.0])
     affine[:3, 3] = (-8.0, 20.0, -50.0)
     for sub, data, dtype in (("image", image, np.int16), ("mask", mask, np.uint8)):
