@@ -17,7 +17,9 @@ from app.console import EXIT_NOTHING, err, safe, settings_of
 
 if TYPE_CHECKING:
     from app.batch.measure import DeferredMeasurer
-    from app.resident import KeptModels
+    from app.resident import KeptModels, KeptVolumes
+    from ingestion.load import LoadResult
+    from ingestion.volume import Modality
     from model.measurer.infer import CheckpointMeasurer
     from model.measurer.protocol import Measurer
 
@@ -27,6 +29,7 @@ __all__ = [
     "finite",
     "load_checkpoint",
     "load_measurer",
+    "load_study",
     "model_error",
     "os_error",
     "output_folder",
@@ -102,6 +105,23 @@ def _kept() -> KeptModels[CheckpointMeasurer]:
     from app.resident import KeptModels
 
     return KeptModels()
+
+
+@functools.cache
+def _kept_volumes() -> KeptVolumes[LoadResult]:
+    """The studies a resident keeps loaded (made at the first load)."""
+    from app.resident import KeptVolumes
+
+    return KeptVolumes(lambda loaded: sum(v.voxels.nbytes for v in loaded.volumes))
+
+
+def load_study(path: Path, modality: Modality | None) -> LoadResult:
+    """``ingestion.load.load_path(path, modality)``; in a resident, kept loaded between
+    commands until a file under ``path`` changes (a reader's clicks on one study)."""
+    from ingestion.load import load_path
+
+    variant = "" if modality is None else str(modality)
+    return _kept_volumes().get(path, variant, lambda: load_path(path, modality))
 
 
 def load_measurer(model_dir: Path | None) -> Measurer:

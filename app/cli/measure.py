@@ -15,7 +15,6 @@ import functools
 import itertools
 import json
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,9 @@ import typer
 
 from app.cli.loading import (
     load_measurer,
+    load_study,
 )
+from app.cli.points import MAX_POINTS, parsed_point
 from app.cli.store import DbOption, checked, open_database
 from app.console import (
     EXIT_NOTHING,
@@ -98,22 +99,21 @@ def measure(
     (with --at: the model answered at least one point), 2 nothing could be measured (or stored).
     """
     if use_resident:
-        from app.resident import forward
+        from app.resident import forward_once
 
         verbosity = ctx.find_root().params.get("verbose") or 0
         data_dir = _settings(ctx).data_dir
-        status = checked(lambda: forward(data_dir, command_args(ctx), verbosity=verbosity))
+        status = checked(lambda: forward_once(data_dir, command_args(ctx), verbosity=verbosity))
         if status is not None:
             raise typer.Exit(status)
     from app.heap import keep_freed_memory
     from app.threads import command_started, measuring_threads, torch_threads
     from ingestion import Modality
-    from ingestion.load import load_path
 
     started = command_started()  # what other work does while the study and the model load
     settings = _settings(ctx)
     modality = Modality(settings.nifti_modality) if settings.nifti_modality else None
-    loaded = load_path(path, modality)
+    loaded = load_study(path, modality)  # kept loaded in a resident
     for rejected in loaded.rejected:
         logger.info("skipped: %s", rejected.reason)
     if not loaded.volumes:
@@ -250,28 +250,6 @@ def _say_stored(result: StudyResult, stored: StoreOutcome | None) -> None:
 
 
 # --- --at: clicked points ------------------------------------------------------------------------
-
-MAX_POINTS = 100  # --at points one command measures at most (about a minute on 2 CPU cores)
-
-_POINT_HELP = "give three finite numbers X,Y,Z: a point in patient coordinates (LPS mm)"
-
-
-def parsed_point(text: str) -> Point:
-    """An ``--at`` value ``X,Y,Z`` (spaces around the numbers allowed) as a point; ``ValueError``
-    saying what is wrong with it and what to give."""
-    parts = [part.strip() for part in text.split(",")]
-    if len(parts) != 3:
-        raise ValueError(f"{text!r} has {len(parts)} number(s); {_POINT_HELP}, e.g. -20.5,14,-60")
-    values = []
-    for part in parts:
-        try:
-            value = float(part)
-        except ValueError:
-            raise ValueError(f"{text!r}: {part!r} is not a number; {_POINT_HELP}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"{text!r}: {part!r} is not a finite number; {_POINT_HELP}")
-        values.append(value)
-    return values[0], values[1], values[2]
 
 
 def checked_points(values: list[str] | None) -> list[str] | None:

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
-    from app.resident.client import forward
-    from app.resident.kept import KeptModels, keeping_models
+    from app.resident.client import forward, forward_once
+    from app.resident.kept import KeptModels, KeptVolumes, keeping_models
     from app.resident.protocol import (
         PROTOCOL,
         SOCKET_NAME,
@@ -62,10 +62,12 @@ __all__ = [
     "SOCKET_NAME",
     "Command",
     "KeptModels",
+    "KeptVolumes",
     "Listener",
     "ResidentError",
     "code_fingerprint",
     "forward",
+    "forward_once",
     "keeping_models",
     "listen",
     "peer_uid",
@@ -82,8 +84,8 @@ if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is 
     __getattr__, __dir__ = _lazy_exports(
         __name__,
         {
-            "app.resident.client": ("forward",),
-            "app.resident.kept": ("KeptModels", "keeping_models"),
+            "app.resident.client": ("forward", "forward_once"),
+            "app.resident.kept": ("KeptModels", "KeptVolumes", "keeping_models"),
             "app.resident.protocol": (
                 "PROTOCOL",
                 "SOCKET_NAME",

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from app.resident.kept import serving_here
@@ -23,9 +24,38 @@ from app.resident.protocol import (
 )
 from db.private_paths import check_private_path
 
-__all__ = ["forward"]
+__all__ = ["environment_data_dir", "forward", "forward_once"]
 
 logger = logging.getLogger(__name__)
+
+
+_tried = False  # this process already asked a resident (forward_once)
+
+
+def environment_data_dir(environ: Mapping[str, str]) -> Path:
+    """The data dir ``app.settings.Settings`` reads from ``environ`` (``RADCALIPER_DATA_DIR``,
+    any case, as pydantic-settings reads it; else the user data dir), without loading pydantic:
+    where the quick hand-off of ``app.cli.main`` looks for a resident."""
+    from platformdirs import user_data_path
+
+    for name, value in environ.items():
+        if name.upper() == "RADCALIPER_DATA_DIR" and value:
+            return Path(value)
+    return user_data_path("radcaliper", appauthor=False)
+
+
+def forward_once(data_dir: Path, args: list[str], *, verbosity: int = 0) -> int | None:
+    """:func:`forward`, once per process: a client that already asked a resident
+    (``app.cli.main``'s quick hand-off) and was told to measure here does not ask again, nor
+    warn twice. With no resident to ask, or an error raised (the command reports it), it is
+    left untried."""
+    global _tried
+    if _tried:
+        return None
+    asks = is_socket(socket_path(data_dir)) and not serving_here()  # else nothing to ask
+    status = forward(data_dir, args, verbosity=verbosity)
+    _tried = asks
+    return status
 
 
 def forward(data_dir: Path, args: list[str], *, verbosity: int = 0) -> int | None:

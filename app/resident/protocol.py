@@ -31,6 +31,7 @@ __all__ = [
     "same_user",
     "send_message",
     "socket_path",
+    "source_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -115,16 +116,22 @@ def same_user(sock: socket.socket) -> bool:
     return uid is None or uid == os.geteuid()
 
 
+def source_files() -> list[Path]:
+    """radcaliper's ``.py`` files (its packages under the folder that holds ``app/``)."""
+    root = Path(__file__).resolve().parents[2]  # app/resident/protocol.py -> the sources' root
+    return [path for package in _PACKAGES for path in sorted((root / package).rglob("*.py"))]
+
+
 def code_fingerprint() -> str:
     """What the process runs: the interpreter, radcaliper's sources (name, size and time of every
-    ``.py`` file of its packages) and the time the installed packages' folder last changed (an
-    install or upgrade). A resident serves only clients with its own fingerprint."""
+    ``.py`` file of its packages, :func:`source_files`) and the time the installed packages'
+    folder last changed (an install or upgrade). A resident serves only clients with its own
+    fingerprint."""
     digest = hashlib.sha256(sys.executable.encode())
-    root = Path(__file__).resolve().parent.parent
-    for package in _PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            info = path.stat()
-            digest.update(f"{path.relative_to(root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    root = Path(__file__).resolve().parents[2]
+    for path in source_files():
+        info = path.stat()
+        digest.update(f"{path.relative_to(root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
     with contextlib.suppress(OSError):
         digest.update(str(Path(sysconfig.get_paths()["purelib"]).stat().st_mtime_ns).encode())
     return digest.hexdigest()
