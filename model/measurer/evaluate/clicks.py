@@ -67,8 +67,8 @@ def _lps(
 
 
 def _inplane_mm(geometry: Geometry) -> npt.NDArray[np.float64]:
-    """2x2 matrix from (row, column) index offsets to LPS mm offsets' in-plane components,
-    as its columns: the row step and the column step in mm (sheared grids included)."""
+    """(3, 2) matrix from (row, column) index offsets to LPS offsets in mm: its columns are
+    one row's step and one column's step (oblique and sheared grids included)."""
     return np.column_stack(
         [
             np.asarray(geometry.column_direction) * geometry.row_spacing,
@@ -101,12 +101,13 @@ def lesion_clicks(
         raise ValueError(f"extra must be >= 0, got {extra}")
     s = measured_slice(array)
     section = array[s]
+    # depth in mm with the real pixel spacing (rows and columns are orthogonal in DICOM);
     # the outside includes what lies beyond the crop: pad by one pixel of background
     depth = ndimage.distance_transform_edt(
         np.pad(section, 1), sampling=(geometry.row_spacing, geometry.column_spacing)
     )[1:-1, 1:-1]
     rows, cols = np.nonzero(section)
-    deepest = depth[rows, cols] == depth[rows, cols].max()
+    deepest = depth[rows, cols] >= depth[rows, cols].max() - 1e-9
     offsets = np.column_stack([rows - rows.mean(), cols - cols.mean()]) @ _inplane_mm(geometry).T
     off_centre = np.linalg.norm(offsets, axis=1)  # (N,) mm from the section's centroid
     order = np.lexsort((cols, rows, off_centre, ~deepest))  # deepest, then central, then index
