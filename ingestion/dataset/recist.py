@@ -93,6 +93,7 @@ __all__ = [
     "LesionAxes",
     "VesselSection",
     "lesion_axes",
+    "measured_slice",
     "section_outline",
     "vessel_sections",
     "z_range_lps_mm",
@@ -314,7 +315,10 @@ def _tip(centres: FloatArray, to_mm: FloatArray, along: FloatArray, depth: float
 
 
 # -- the Fourier outline --------------------------------------------------------------------------
-def _measured_slice(mask: npt.NDArray[np.bool_]) -> int:
+def measured_slice(mask: npt.NDArray[np.bool_]) -> int:
+    """The slice a lesion is measured on (module doc): where the mask's cross-section area is
+    largest; ties go to the slice nearest the mask's centroid slice, then the lower index.
+    ``mask`` is a non-empty boolean (slices, rows, columns) array."""
     counts = mask.sum(axis=(1, 2))
     centroid = float(np.average(np.arange(len(counts)), weights=counts))
     candidates = np.flatnonzero(counts == counts.max())
@@ -396,7 +400,7 @@ def lesion_axes(mask: npt.ArrayLike, geometry: Geometry) -> LesionAxes:
     voxels = int(mask.sum())
     if voxels == 0:
         raise ValueError("mask is empty: no lesion to measure")
-    s = _measured_slice(mask)
+    s = measured_slice(mask)
     section = mask[s]
     to_mm = _rc_to_mm(geometry)
     a, b, c, d = _section_axes(section, to_mm)

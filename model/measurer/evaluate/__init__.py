@@ -1,5 +1,5 @@
-"""Evaluation: scoring a measurer against the truth, agreement metrics, and the comparison of
-numeric and positional modes.
+"""Evaluation: scoring a measurer against the truth, agreement metrics, the comparison of
+numeric and positional modes, and where a simulated reader clicks (the click task).
 
 Names are served lazily (PEP 562): importing the package imports no submodule.
 """
@@ -11,6 +11,12 @@ from typing import TYPE_CHECKING
 from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
+    from model.measurer.evaluate.clicks import (
+        LUNG_HU,
+        ClickPoints,
+        lesion_clicks,
+        negative_click,
+    )
     from model.measurer.evaluate.comparison import (
         Comparison,
         compare,
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
     )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.evaluate.clicks": ("LUNG_HU", "ClickPoints", "lesion_clicks", "negative_click"),
     "model.measurer.evaluate.comparison": (
         "Comparison",
         "compare",
@@ -42,11 +49,15 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 __all__ = [
+    "LUNG_HU",
+    "ClickPoints",
     "Comparison",
     "Evaluation",
     "StudyOutcome",
     "compare",
     "evaluate",
+    "lesion_clicks",
+    "negative_click",
     "numeric_metrics",
     "score_study",
     "summarize",
