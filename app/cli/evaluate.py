@@ -337,12 +337,13 @@ def _evaluate_clicks(
     (``app.evaluation.clicks``)."""
     from app.evaluation.clicks import ClickMeasurer, evaluate_clicks, write_click_outputs
     from ingestion.dataset.format import read_dataset
-    from ingestion.dataset.split import Side
+    from ingestion.dataset.split import Side, select_side
     from ingestion.errors import RadcaliperError
     from model.baseline import ClickSegmentation
 
+    chosen = [Side(s.value) for s in sides]
     try:  # the dataset first: a wrong folder should not wait for the model to load
-        data = read_dataset(dataset)
+        data = select_side(read_dataset(dataset), chosen)
     except RadcaliperError as exc:
         err.print(f"[red]error:[/red] {safe(exc)}", highlight=False)
         raise typer.Exit(EXIT_NOTHING) from None
@@ -359,7 +360,7 @@ def _evaluate_clicks(
             result = evaluate_clicks(
                 measurers,
                 data,
-                [Side(s.value) for s in sides],
+                chosen,
                 seed=seed,
                 on_series=lambda done, total: progress.update(task, completed=done, total=total),
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,22 +47,25 @@ def write_crop(
     mask_value: int = 1,
     empty: bool = False,
     background_hu: float = 40.0,
+    margin_px: int = 0,
 ) -> None:
     """image/CASE.nii.gz (``background_hu`` around, soft tissue at 40 HU by default, lung at
     about -800; the lesion at 120 HU; noise seeded by the case) and mask/CASE.nii.gz
     (``mask_value`` in an ellipse on the middle slice, 2, and a smaller disc on the slices
-    beside it)."""
-    x, y = np.meshgrid(np.arange(SHAPE[0]), np.arange(SHAPE[1]), indexing="ij")
+    beside it); ``margin_px`` more pixels on each in-plane side (room around the lesion)."""
+    shape = (SHAPE[0] + 2 * margin_px, SHAPE[1] + 2 * margin_px, SHAPE[2])
+    x, y = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    cx, cy = 11.5 + margin_px, 12.5 + margin_px
     a, b = SEMI_AXES_PX
-    ellipse = ((x - 11.5) / a) ** 2 + ((y - 12.5) / b) ** 2 <= 1.0
-    disc = (x - 11.5) ** 2 + (y - 12.5) ** 2 <= 9.0
-    mask = np.zeros(SHAPE, dtype=np.uint8)
+    ellipse = ((x - cx) / a) ** 2 + ((y - cy) / b) ** 2 <= 1.0
+    disc = (x - cx) ** 2 + (y - cy) ** 2 <= 9.0
+    mask = np.zeros(shape, dtype=np.uint8)
     if not empty:
         mask[..., 2] = ellipse * mask_value
         for z in (1, 3):
             mask[..., z] = disc * mask_value
-    seed = sum(case.encode())
-    noise = np.random.default_rng(seed).normal(0.0, 5.0, SHAPE)
+    seed = zlib.crc32(case.encode())  # each case its own noise (a byte sum would repeat)
+    noise = np.random.default_rng(seed).normal(0.0, 5.0, shape)
     image = np.where(mask > 0, 120.0, background_hu) + noise
     affine = np.diag([*SPACING_MM, 1.0])
     affine[:3, 3] = (-8.0, 20.0, -50.0)

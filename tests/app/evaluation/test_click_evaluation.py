@@ -34,7 +34,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
         row("LIDC-IDRI-0002_R_1", "LIDC-IDRI-0002", [6.2, 6.8, 7.0, 6.4], [4.1, 4.4, 4.9, 4.0]),
     ]
     for r in rows:
-        write_crop(root / "source", r["case"], background_hu=-800.0)
+        write_crop(root / "source", r["case"], background_hu=-800.0, margin_px=12)
     write_table(root / "source", rows)
     write_import(root / "dataset", [import_reads(root / "source")])
     return root / "dataset"
@@ -48,9 +48,9 @@ def test_every_figure_for_the_model_and_the_baseline(dataset: Path, tmp_path: Pa
     assert done.exit_code == 0, done.output
     data = json.loads((out / "click_evaluation.json").read_text())
     assert data["lesions"] == 3 and data["seed"] == 3
-    labels = list(data["measurers"])
+    labels = sorted(data["measurers"], key=lambda label: "baseline" in label)  # model first
     assert len(labels) == 2 and labels[0].startswith("radcaliper-demo")
-    assert "baseline" in labels[1] or "classical" in labels[1]
+    assert labels[1].startswith("click-threshold-baseline")
     for label in labels:
         summary = data["measurers"][label]["summary"]
         assert summary["overall"]["n"] == 3
@@ -124,6 +124,7 @@ def test_usage_errors_are_exit_2_with_the_reason(tmp_path: Path) -> None:
             str(tmp_path / "o"),
         ],
     )
-    assert no_reads.exit_code == 2 and "readers' reads" in no_reads.output
+    assert no_reads.exit_code == 2 and "split by patient" in no_reads.output
+    assert "Loading weights" not in no_reads.output  # refused before the model loads
     help_text = runner.invoke(app, ["evaluate", "--help"]).output
     assert "--task" in help_text and "--split" in help_text
