@@ -340,7 +340,7 @@ def _drawn(example: AxesExample, text: str, kind: FindingKind) -> tuple[Segment3
     """An axes answer's segments in LPS mm, or None where it was malformed."""
     parsed = parse_axes(text, kind)
     if not parsed.success:
-        logger.warning("the axes answer at the point was malformed (not measurable)")
+        logger.info("the axes answer at the point was malformed (not measurable)")
         return None
     crop = example.crop
     frame = (crop.image.shape[0] - 1) / 2
