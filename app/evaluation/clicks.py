@@ -9,8 +9,9 @@ not the loading). Scored by ``model.measurer.evaluate.click_scores`` for the mod
 it on every run, for the classical click-seeded segmentation (``model.baseline``), the yardstick
 any model must beat.
 
-Writes ``click_evaluation.json`` (figures and per-lesion answers of each measurer),
-``click_evaluation.md`` (the tables) and plots per measurer (``bland_altman_NAME.png``,
+Writes ``click_evaluation.json`` (figures and per-lesion answers of each measurer, with the
+cases and patients they are of: owner-only), ``click_evaluation.md`` (the tables, no case or
+patient named) and plots per measurer (``bland_altman_NAME.png``,
 ``predicted_vs_true.png``).
 """
 
@@ -133,7 +134,7 @@ def _targets(
     for finding in dataset.findings_of(series_uid):
         if finding.kind != "lesion" or finding.long_axis_mm is None or not finding.reads:
             continue  # the click scoreboard scores lesions against their readers
-        name = finding.name or finding.id
+        name = f"finding {finding.id}"  # not its case name: that may name the patient
         if finding.mask is None:
             skipped.append(f"{name}: no mask to place a click in")
             continue
@@ -348,11 +349,13 @@ def write_click_outputs(
 ) -> str:
     """Write the JSON, the markdown and the plots into ``out_dir``; returns the markdown."""
     from app.evaluation.plots import bland_altman, predicted_vs_true
+    from app.files import private_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "click_evaluation.json").write_text(
-        json.dumps(_finite(evaluation.to_json()), indent=1, sort_keys=True, allow_nan=False) + "\n"
-    )
+    # per lesion rows name cases and patients (a site's own patients): the owner's only
+    with private_file(out_dir / "click_evaluation.json") as sink:
+        rows = json.dumps(_finite(evaluation.to_json()), indent=1, sort_keys=True, allow_nan=False)
+        sink.write((rows + "\n").encode())
     text = click_markdown(evaluation, header)
     (out_dir / "click_evaluation.md").write_text(text)
     for label, scores in evaluation.scores.items():

@@ -5,6 +5,7 @@ and the usage errors."""
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ def test_every_figure_for_the_model_and_the_baseline(dataset: Path, tmp_path: Pa
     done = runner.invoke(app, [*args, "--out", str(out), "--results-md", str(md)])
     assert done.exit_code == 0, done.output
     data = json.loads((out / "click_evaluation.json").read_text())
+    assert stat.S_IMODE((out / "click_evaluation.json").stat().st_mode) == 0o600  # names cases
+    assert "LIDC-IDRI" not in (out / "click_evaluation.md").read_text()
     assert data["lesions"] == 3 and data["seed"] == 3
     labels = sorted(data["measurers"], key=lambda label: "baseline" in label)  # model first
     assert len(labels) == 2 and labels[0].startswith("radcaliper-demo")
