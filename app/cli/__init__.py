@@ -73,18 +73,11 @@ def _points_plain(args: list[str]) -> bool:
     """Every ``--at`` value is a point and there are not too many (what the command checks)."""
     from itertools import pairwise
 
-    from app.cli.points import MAX_POINTS, parsed_point
+    from app.cli.points import points_problem
 
     values = [b for a, b in pairwise(args) if a == "--at"]
     values += [a.removeprefix("--at=") for a in args if a.startswith("--at=")]
-    if (args and args[-1] == "--at") or len(values) > MAX_POINTS:
-        return False
-    try:
-        for value in values:
-            parsed_point(value)
-    except ValueError:
-        return False
-    return True
+    return not (args and args[-1] == "--at") and points_problem(values) is None
 
 
 if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error

@@ -26,7 +26,7 @@ from app.cli.loading import (
     load_measurer,
     load_study,
 )
-from app.cli.points import MAX_POINTS, parsed_point
+from app.cli.points import MAX_POINTS, parsed_point, points_problem
 from app.cli.store import DbOption, checked, open_database
 from app.console import (
     EXIT_NOTHING,
@@ -257,16 +257,9 @@ def checked_points(values: list[str] | None) -> list[str] | None:
     (refused with exit 2 before anything is loaded, or handed to a resident)."""
     if not values:
         return values
-    if len(values) > MAX_POINTS:
-        raise typer.BadParameter(
-            f"{len(values)} points; one command measures at most {MAX_POINTS}: "
-            "split them over several commands"
-        )
-    for text in values:
-        try:
-            parsed_point(text)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+    problem = points_problem(values)
+    if problem is not None:
+        raise typer.BadParameter(problem)
     return values
 
 

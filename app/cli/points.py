@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_POINTS", "parsed_point"]
+__all__ = ["MAX_POINTS", "parsed_point", "points_problem"]
 
 MAX_POINTS = 100  # --at points one command measures at most (about a minute on 2 CPU cores)
 
@@ -28,3 +28,19 @@ def parsed_point(text: str) -> tuple[float, float, float]:
             raise ValueError(f"{text!r}: {part!r} is not a finite number; {_POINT_HELP}")
         values.append(value)
     return values[0], values[1], values[2]
+
+
+def points_problem(values: list[str]) -> str | None:
+    """What is wrong with these ``--at`` values (more than ``MAX_POINTS``, or one that is not a
+    point), or None: the one check of the command and of the quick hand-off."""
+    if len(values) > MAX_POINTS:
+        return (
+            f"{len(values)} points; one command measures at most {MAX_POINTS}: "
+            "split them over several commands"
+        )
+    for text in values:
+        try:
+            parsed_point(text)
+        except ValueError as exc:
+            return str(exc)
+    return None

@@ -320,17 +320,6 @@ def click_markdown(evaluation: ClickEvaluation, header: Sequence[str] = ()) -> s
     return "\n".join(lines) + "\n"
 
 
-def _finite(value: object) -> object:
-    """``value`` with every NaN (a figure with no rows) as null, for strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _items(scores: ClickScores) -> list[object]:
     from model.measurer.evaluate.metrics import NumericItem
 
@@ -350,11 +339,14 @@ def write_click_outputs(
     """Write the JSON, the markdown and the plots into ``out_dir``; returns the markdown."""
     from app.evaluation.plots import bland_altman, predicted_vs_true
     from app.files import private_file
+    from model.measurer.evaluate.comparison import json_safe
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # per lesion rows name cases and patients (a site's own patients): the owner's only
     with private_file(out_dir / "click_evaluation.json") as sink:
-        rows = json.dumps(_finite(evaluation.to_json()), indent=1, sort_keys=True, allow_nan=False)
+        rows = json.dumps(
+            json_safe(evaluation.to_json()), indent=1, sort_keys=True, allow_nan=False
+        )
         sink.write((rows + "\n").encode())
     text = click_markdown(evaluation, header)
     (out_dir / "click_evaluation.md").write_text(text)

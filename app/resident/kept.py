@@ -63,94 +63,96 @@ def keeping_models() -> Iterator[None]:
             cache.clear()
 
 
-def _files_signature(directory: Path) -> _Signature:
+def _signature(files: list[Path], name: Callable[[Path], str]) -> _Signature:
+    """Each file's name, size, time and inode (a file that vanished is left out)."""
     entries = []
-    for path in sorted(directory.iterdir()):
+    for file in files:
         with contextlib.suppress(OSError):
-            info = path.stat()
-            entries.append((path.name, info.st_size, info.st_mtime_ns, info.st_ino))
+            info = file.stat()
+            entries.append((name(file), info.st_size, info.st_mtime_ns, info.st_ino))
     return tuple(entries)
 
 
-class KeptModels(Generic[T]):
-    """Models of one kind that a resident keeps loaded, by checkpoint directory and variant
-    (the :data:`_KEPT_MODELS` most recently used)."""
+def _files_signature(directory: Path) -> _Signature:
+    """The files of a checkpoint directory."""
+    return _signature(sorted(directory.iterdir()), lambda p: p.name)
 
-    def __init__(self) -> None:
-        self._kept: OrderedDict[tuple[Path, bool], tuple[_Signature, T]] = OrderedDict()
+
+def _tree_signature(path: Path) -> _Signature:
+    """Every file under ``path`` (or ``path`` itself)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return _signature(files, str)
+
+
+K = TypeVar("K")
+
+
+class _Kept(Generic[K, T]):
+    """What a resident keeps loaded, by key, until the signature of its files changes; the
+    least recently used goes first while ``too_many`` says so. Elsewhere (not
+    :func:`keeping_models`) every ``get`` just loads."""
+
+    def __init__(self, too_many: Callable[[list[T]], bool]) -> None:
+        self._too_many = too_many
+        self._kept: OrderedDict[K, tuple[_Signature, T]] = OrderedDict()
         _caches.append(self)  # cleared by keeping_models()
 
     def clear(self) -> None:
         self._kept.clear()
 
+    def _get(
+        self, key: Callable[[], K], signature: Callable[[], _Signature], load: Callable[[], T]
+    ) -> T:
+        if not _keeping:
+            return load()
+        try:
+            k, now = key(), signature()
+        except OSError:  # the loader says why, as it does outside a resident
+            return load()
+        kept = self._kept.get(k)
+        if kept is not None and kept[0] == now and now:
+            self._kept.move_to_end(k)
+            return kept[1]
+        if kept is not None:
+            logger.info("files changed since they were loaded: loading them again")
+        loaded = load()
+        self._kept[k] = (now, loaded)
+        self._kept.move_to_end(k)
+        while len(self._kept) > 1 and self._too_many([v for _, v in self._kept.values()]):
+            self._kept.popitem(last=False)
+        return loaded
+
+
+class KeptModels(_Kept[tuple[Path, bool], T]):
+    """Models of one kind that a resident keeps loaded, by checkpoint directory and variant
+    (the :data:`_KEPT_MODELS` most recently used)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda kept: len(kept) > _KEPT_MODELS)
+
     def get(self, directory: Path, variant: bool, load: Callable[[], T]) -> T:
         """``load()``'s model of ``directory`` (one of its two ``variant``\\ s), loaded again
         only when a file of the directory changed (name, size, time, inode), in a process that
         :func:`keeping_models`; elsewhere just ``load()``."""
-        if not _keeping:
-            return load()
-        try:
-            key, signature = (directory.resolve(), variant), _files_signature(directory)
-        except OSError:  # not a folder: the loader says why, as it does outside a resident
-            return load()
-        kept = self._kept.get(key)
-        if kept is not None and kept[0] == signature:
-            self._kept.move_to_end(key)
-            return kept[1]
-        if kept is not None:
-            logger.info("the model's files changed: loading it again")
-        model = load()
-        self._kept[key] = (signature, model)
-        self._kept.move_to_end(key)
-        while len(self._kept) > _KEPT_MODELS:
-            self._kept.popitem(last=False)
-        return model
+        return self._get(
+            lambda: (directory.resolve(), variant), lambda: _files_signature(directory), load
+        )
 
 
-def _tree_signature(path: Path) -> _Signature:
-    """Every file under ``path`` (or ``path`` itself): name, size, time, inode."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    entries = []
-    for file in files:
-        with contextlib.suppress(OSError):
-            info = file.stat()
-            entries.append((str(file), info.st_size, info.st_mtime_ns, info.st_ino))
-    return tuple(entries)
-
-
-class KeptVolumes(Generic[T]):
+class KeptVolumes(_Kept[tuple[Path, str], T]):
     """Studies a resident keeps loaded between commands (a reader clicking on one study asks
     ``measure --at`` again and again), by path and how its images are read: loaded again when
     a file under the path changed (name, size, time, inode); the :data:`_KEPT_VOLUMES` most
     recently used, within :data:`_KEPT_VOLUME_BYTES` of voxels."""
 
     def __init__(self, size_of: Callable[[T], int]) -> None:
-        self._size_of = size_of
-        self._kept: OrderedDict[tuple[Path, str], tuple[_Signature, T]] = OrderedDict()
-        _caches.append(self)  # cleared by keeping_models()
-
-    def clear(self) -> None:
-        self._kept.clear()
+        super().__init__(
+            lambda kept: (
+                len(kept) > _KEPT_VOLUMES or sum(size_of(v) for v in kept) > _KEPT_VOLUME_BYTES
+            )
+        )
 
     def get(self, path: Path, variant: str, load: Callable[[], T]) -> T:
         """``load()``'s result for ``path``, loaded again only when a file under it changed, in
         a process that :func:`keeping_models`; elsewhere just ``load()``."""
-        if not _keeping:
-            return load()
-        try:
-            key, signature = (path.resolve(), variant), _tree_signature(path)
-        except OSError:  # the loader says why, as it does outside a resident
-            return load()
-        kept = self._kept.get(key)
-        if kept is not None and kept[0] == signature and signature:
-            self._kept.move_to_end(key)
-            return kept[1]
-        loaded = load()
-        self._kept[key] = (signature, loaded)
-        self._kept.move_to_end(key)
-        while len(self._kept) > _KEPT_VOLUMES or (
-            len(self._kept) > 1
-            and sum(self._size_of(v) for _, v in self._kept.values()) > _KEPT_VOLUME_BYTES
-        ):
-            self._kept.popitem(last=False)
-        return loaded
+        return self._get(lambda: (path.resolve(), variant), lambda: _tree_signature(path), load)
