@@ -127,3 +127,21 @@ def test_a_resident_keeps_no_more_voxels_than_its_budget(tmp_path: Path) -> None
         for study in (*studies, studies[0]):
             big.get(study, "", lambda: loads.append(1) or [len(loads)])  # type: ignore[func-returns-value]
     assert len(loads) == 3  # the first was let go for the second
+
+
+def test_a_data_dir_others_may_write_is_left_to_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick hand-off asks no resident of a data dir others may change (a socket there
+    could be anyone's); the command then refuses it, saying why."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("RADCALIPER_DATA_DIR", str(shared))
+    assert handed_to_resident(["measure", "x", "--at", "1,2,3"]) is None
+    done = CliRunner().invoke(app, ["measure", "x", "--at", "1,2,3"])
+    assert done.exit_code == 2 and "data dir" in done.output
