@@ -74,8 +74,14 @@ def _signature(files: list[Path], name: Callable[[Path], str]) -> _Signature:
 
 
 def _files_signature(directory: Path) -> _Signature:
-    """The files of a checkpoint directory."""
-    return _signature(sorted(directory.iterdir()), lambda p: p.name)
+    """The files of a checkpoint directory and of its folders (a click model), its training
+    state left out."""
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and "train_state" not in p.relative_to(directory).parts
+    )
+    return _signature(files, lambda p: str(p.relative_to(directory)))
 
 
 def _tree_signature(path: Path) -> _Signature:

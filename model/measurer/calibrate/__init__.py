@@ -17,6 +17,10 @@ if TYPE_CHECKING:
         fit_calibration,
         fit_decode_check,
     )
+    from model.measurer.calibrate.clicks import (
+        click_pairs,
+        fit_click_calibration,
+    )
     from model.measurer.calibrate.operating import (
         OperatingPoint,
         detection_curve,
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.calibrate.clicks": ("click_pairs", "fit_click_calibration"),
     "model.measurer.calibrate.calibration": (
         "Calibration",
         "DecodeCheck",
@@ -43,8 +48,10 @@ __all__ = [
     "DecodeCheck",
     "DetectionThreshold",
     "OperatingPoint",
+    "click_pairs",
     "detection_curve",
     "fit_calibration",
+    "fit_click_calibration",
     "fit_decode_check",
     "fit_detection_threshold",
 ]

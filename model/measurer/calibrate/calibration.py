@@ -31,7 +31,9 @@ false findings per study (``model.measurer.calibrate.operating``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ __all__ = [
     "DetectionThreshold",
     "IntervalRule",
     "ScoreKind",
+    "SizeBin",
+    "fit_binned_calibration",
     "fit_calibration",
     "fit_decode_check",
 ]
@@ -104,14 +108,49 @@ class IntervalRule:
 
 
 @dataclass(frozen=True)
+class SizeBin:
+    """The rule of one size bin of a name: values in ``[low_mm, high_mm)``."""
+
+    low_mm: float
+    high_mm: float
+    rule: IntervalRule
+
+    def to_json(self) -> dict[str, Any]:
+        high = None if math.isinf(self.high_mm) else self.high_mm
+        return {"low_mm": self.low_mm, "high_mm": high, "rule": self.rule.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SizeBin:
+        high = data.get("high_mm")
+        return cls(
+            float(data["low_mm"]),
+            math.inf if high is None else float(high),
+            IntervalRule.from_json(data["rule"]),
+        )
+
+
+_BINS_KEY = "_size_bins"
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Interval rules by measurement name (saved with the checkpoint as JSON)."""
+    """Interval rules by measurement name (saved with the checkpoint as JSON); where a name
+    has ``bins``, the rule of the bin its value falls in (Mondrian conformal: each bin's
+    coverage holds on its own)."""
 
     rules: Mapping[str, IntervalRule]
+    bins: Mapping[str, tuple[SizeBin, ...]] = dataclasses.field(default_factory=dict)
+
+    def rule(self, name: str, value_mm: float) -> IntervalRule | None:
+        """The rule that makes a value's range: its size bin's, else its name's."""
+        for size_bin in self.bins.get(str(name), ()):
+            if size_bin.low_mm <= value_mm < size_bin.high_mm:
+                return size_bin.rule
+        return self.rules.get(str(name))
 
     def interval(self, name: str, value_mm: float) -> tuple[float, float] | None:
         """The calibrated range of a value, or None when ``name`` was never calibrated."""
-        rule = self.rules.get(str(name))
+        rule = self.rule(name, value_mm)
         return None if rule is None else rule.interval(value_mm)
 
     def coverage(self, name: str) -> float | None:
@@ -119,11 +158,24 @@ class Calibration:
         return None if rule is None else rule.coverage
 
     def to_json(self) -> dict[str, Any]:
-        return {name: rule.to_json() for name, rule in sorted(self.rules.items())}
+        data: dict[str, Any] = {name: rule.to_json() for name, rule in sorted(self.rules.items())}
+        if self.bins:  # written only when there are bins: older files stay the same
+            data[_BINS_KEY] = {
+                name: [b.to_json() for b in bins] for name, bins in sorted(self.bins.items())
+            }
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
-        return cls({name: IntervalRule.from_json(rule) for name, rule in data.items()})
+        bins = data.get(_BINS_KEY, {})
+        return cls(
+            {
+                name: IntervalRule.from_json(rule)
+                for name, rule in data.items()
+                if name != _BINS_KEY
+            },
+            {name: tuple(SizeBin.from_json(b) for b in rows) for name, rows in bins.items()},
+        )
 
 
 def fit_calibration(
@@ -147,6 +199,51 @@ def fit_calibration(
     return Calibration(
         {name: _fit(name, values, coverage, floor_mm) for name, values in by_name.items()}
     )
+
+
+def fit_binned_calibration(
+    pairs: Iterable[tuple[str, float, float]],
+    edges_mm: Iterable[float],
+    coverage: float = DEFAULT_COVERAGE,
+    *,
+    floor_mm: float = _FLOOR_MM,
+) -> Calibration:
+    """Per-name rules (:func:`fit_calibration`) and, within each name, one rule per size bin of
+    the *predicted* value (``edges_mm``: the inner edges, e.g. 6, 10, 20 mm): split conformal
+    within each bin (Mondrian), so a bin whose errors are larger gets wider ranges and each
+    bin's coverage holds on its own. A bin with too few pairs for ``coverage`` is merged into
+    its smaller neighbour (the first bin into the next). Raises ValueError as
+    :func:`fit_calibration` does, or for edges that are not increasing positive numbers."""
+    listed = list(pairs)
+    overall = fit_calibration(listed, coverage, floor_mm=floor_mm)
+    edges = [float(e) for e in edges_mm]
+    if any(not (math.isfinite(e) and e > 0) for e in edges) or edges != sorted(set(edges)):
+        raise ValueError(f"edges_mm must be increasing positive numbers, got {edges}")
+    need = math.ceil(coverage / (1 - coverage))
+    bounds = [0.0, *edges, math.inf]
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for name, predicted, true in listed:
+        by_name.setdefault(str(name), []).append((float(predicted), float(true)))
+    bins: dict[str, tuple[SizeBin, ...]] = {}
+    for name, values in by_name.items():
+        groups = [
+            [lo, hi, [(p, t) for p, t in values if lo <= p < hi]]
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        merged: list[list[Any]] = []
+        for group in groups:
+            if merged and len(merged[-1][2]) < need:  # the previous bin is too small: widen it
+                merged[-1][1], merged[-1][2] = group[1], merged[-1][2] + group[2]
+            else:
+                merged.append(group)
+        if len(merged) > 1 and len(merged[-1][2]) < need:  # the last one: into its neighbour
+            last = merged.pop()
+            merged[-1][1], merged[-1][2] = last[1], merged[-1][2] + last[2]
+        bins[name] = tuple(
+            SizeBin(lo, hi, _fit(f"{name} [{lo:g}, {hi:g}) mm", group, coverage, floor_mm))
+            for lo, hi, group in merged
+        )
+    return Calibration(overall.rules, bins)
 
 
 def _fit(

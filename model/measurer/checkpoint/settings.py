@@ -19,6 +19,7 @@ from ingestion.errors import ModelError
 from model.measurer.calibrate.calibration import Calibration, DecodeCheck, DetectionThreshold
 from model.measurer.checkpoint.domain import Domain
 from model.measurer.inputs.settings import FindInputs, FindVoting, MeasureInputs
+from model.measurer.inputs.view import LesionView
 from model.measurer.results import ModelInfo
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class MeasurerSettings:
     domain: Domain = field(default_factory=Domain.legacy)
     # a checkpoint of what changed from this base model (None: a standalone checkpoint)
     base_model: BaseReference | None = None
+    # a click model's view that fits the lesion (model.measurer.inputs.view); None: not one
+    lesion_view: LesionView | None = None
+    # the click model this checkpoint answers clicks with: a folder of the checkpoint
+    click_model: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "numeric_mode", NumericMode(self.numeric_mode))
@@ -131,7 +136,13 @@ class MeasurerSettings:
         )
 
     def to_json(self) -> dict[str, Any]:
-        extra = {} if self.base_model is None else {"base_model": self.base_model.to_json()}
+        extra: dict[str, Any] = (
+            {} if self.base_model is None else {"base_model": self.base_model.to_json()}
+        )
+        if self.lesion_view is not None:  # written only when set: older files stay the same
+            extra["lesion_view"] = self.lesion_view.to_json()
+        if self.click_model is not None:
+            extra["click_model"] = self.click_model
         return {
             "format_version": FORMAT_VERSION if self.base_model is None else DELTA_FORMAT_VERSION,
             "name": self.name,
@@ -173,6 +184,8 @@ class MeasurerSettings:
         decode_check = data.get("decode_check")
         detection = data.get("detection")
         domain = data.get("domain")
+        view = data.get("lesion_view")
+        click = data.get("click_model")
         return cls(
             name=str(data["name"]),
             version=str(data["version"]),
@@ -194,6 +207,8 @@ class MeasurerSettings:
             training=dict(data.get("training", {})),
             domain=Domain.legacy() if domain is None else Domain.from_json(domain),
             base_model=None if base is None else BaseReference.from_json(base),
+            lesion_view=None if view is None else LesionView.from_json(view),
+            click_model=None if click is None else str(click),
         )
 
 
@@ -228,9 +243,32 @@ def default_checkpoint() -> Path:
 
 
 def checkpoint_hash(directory: str | Path) -> str:
-    """sha256 over the checkpoint's files (names and bytes, sorted; training state excluded):
-    the identity of a model version as the store records it."""
-    return files_sha256(p for p in Path(directory).iterdir() if p.is_file())
+    """sha256 over the checkpoint's files (names and bytes, sorted; training state excluded)
+    and, where it names a click model, that folder's files too: the identity of a model
+    version as the store records it."""
+    root = Path(directory)
+    files = [p for p in root.iterdir() if p.is_file()]
+    digest = files_sha256(files)
+    click = _click_folder(root)
+    if click is None:
+        return digest
+    inner = files_sha256(p for p in click.iterdir() if p.is_file())
+    import hashlib
+
+    return hashlib.sha256(f"{digest}\0{click.name}\0{inner}".encode()).hexdigest()
+
+
+def _click_folder(root: Path) -> Path | None:
+    """The click model's folder a checkpoint's ``radcaliper.json`` names, if any."""
+    try:
+        data = json.loads((root / SETTINGS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    folder = data.get("click_model") if isinstance(data, dict) else None
+    if not isinstance(folder, str):
+        return None
+    path = root / folder
+    return path if path.is_dir() else None
 
 
 def files_sha256(paths: Iterable[Path]) -> str:

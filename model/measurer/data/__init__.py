@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from model.measurer.data.pool import (
         StudyPool,
     )
+    from model.measurer.data.reads import (
+        ReadsClicks,
+        hybrid_lesions,
+        lesion_from_reads,
+    )
     from model.measurer.data.sources import (
         DatasetSource,
         FolderSource,
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
     )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.data.reads": ("ReadsClicks", "hybrid_lesions", "lesion_from_reads"),
     "model.measurer.data.hybrid": (
         "HybridSource",
         "write_hybrid_dataset",
@@ -55,9 +61,12 @@ __all__ = [
     "HybridSource",
     "MixedSource",
     "PhantomSource",
+    "ReadsClicks",
     "StudyPool",
     "StudySource",
     "TrainingStudy",
+    "hybrid_lesions",
+    "lesion_from_reads",
     "parse_sources",
     "write_hybrid_dataset",
 ]

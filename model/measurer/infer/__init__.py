@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
+    from model.measurer.infer.click import (
+        ClickCaliper,
+    )
     from model.measurer.infer.pipeline import (
         CheckpointMeasurer,
     )
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.infer.click": ("ClickCaliper",),
     "model.measurer.infer.pipeline": ("CheckpointMeasurer",),
     "model.measurer.infer.stages": (
         "ALL_STAGES",
@@ -48,6 +52,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 __all__ = [
     "ALL_STAGES",
     "CheckpointMeasurer",
+    "ClickCaliper",
     "InferenceOptions",
     "InferenceStage",
     "StudyState",

@@ -8,8 +8,9 @@ dedupe, calibrate, as the checkpoint supports them) and reports what the last on
 Subscribers (:meth:`CheckpointMeasurer.subscribe`) see every stage's state: experiments, the
 UI's progress, benchmarks. A stage is left out by leaving it out of ``stages``.
 
-``measure_at`` answers the point task on a crop centred at the clicked point, and the axes task
-there for its caliper.
+``measure_at`` answers a click: with the checkpoint's click model where it names one (a lesion's
+caliper drawn in a view that fits the lesion, ``model.measurer.infer.click``), else with the point
+task on a crop centred at the clicked point and the axes task there for its caliper.
 
 A value is the distance between its end points (``model.measurer.infer.caliper``): the values
 are the measure (point) task's, their end points placed on the axes task's drawing; a checkpoint
@@ -34,6 +35,7 @@ from model.measurer.checkpoint.domain import check as check_domain
 from model.measurer.checkpoint.settings import MeasurerSettings, checkpoint_hash
 from model.measurer.checkpoint.weights import LoadedMeasurer, load_checkpoint
 from model.measurer.infer.caliper import caliper
+from model.measurer.infer.click import ClickCaliper
 from model.measurer.infer.inference import Answer, generate_answers, outcome_for
 from model.measurer.infer.stages import default_stages, segment_to_lps
 from model.measurer.infer.state import (
@@ -106,6 +108,31 @@ class CheckpointMeasurer:
         self._answered = 0
         self._automaton: TokenAutomaton | None = None
         self._automaton_made = False
+        self.click: ClickCaliper | None = None
+        if loaded.settings.click_model is not None:
+            self.click = self._click_caliper(loaded.settings.click_model)
+
+    def _click_caliper(self, folder: str) -> ClickCaliper:
+        """The click model the checkpoint names (a folder of it), ready to answer clicks."""
+        if self.directory is None:
+            raise ModelError(
+                f"this measurer names a click model ({folder!r}) but was not loaded from a "
+                "directory to find it in"
+            )
+        path = (self.directory / folder).resolve()
+        if not path.is_relative_to(self.directory.resolve()) or not path.is_dir():
+            raise ModelError(
+                f"{self.directory}: its click model {folder!r} is not a folder of the "
+                "checkpoint; copy the checkpoint again, whole"
+            )
+        model = CheckpointMeasurer.load(path, device=self.device, options=self.options)
+        view = model.settings.lesion_view
+        if view is None or not {"point", "axes"} <= set(model.settings.tasks):
+            raise ModelError(
+                f"{path}: not a click model (it needs a lesion view and the point and axes "
+                "tasks); train one with 'radcaliper train-click'"
+            )
+        return ClickCaliper(model, view, model.settings.calibration)
 
     @classmethod
     def load(
@@ -260,12 +287,26 @@ class CheckpointMeasurer:
     ) -> StudyFinding | None:
         """The finding under a clicked point, or None when the model sees none there.
 
+        A checkpoint with a click model (``settings.click_model``) answers a lesion with its
+        caliper (``model.measurer.infer.click``) and a vessel with its own point task; one
+        without answers both with its own point and axes tasks.
+
         Raises ``ModelError`` when the answer is malformed before it names a kind.
         """
         self.check(volume)
         point = tuple(float(v) for v in point_lps_mm)
         if len(point) != 3 or not all(math.isfinite(v) for v in point):
             raise ValueError(f"point_lps_mm must be three finite numbers, got {point_lps_mm!r}")
+        if self.click is not None:  # lesions: the click model's caliper in a view that fits
+            found = self.click.measure_at(volume, (point[0], point[1], point[2]))
+            if found is not None:
+                return found
+            vessel = self._measure_at(volume, point)  # vessels: this model's own answer
+            return vessel if vessel is not None and vessel.kind == FindingKind.VESSEL else None
+        return self._measure_at(volume, point)
+
+    def _measure_at(self, volume: Volume, point: tuple[float, ...]) -> StudyFinding | None:
+        """This model's point task at the click, its axes task for the caliper."""
         inputs = self.loaded.settings.measure_inputs
         drawings: list[AxesExample] = []
         if self.draws_calipers:  # both kinds' axes in the same batch: one pass, not two

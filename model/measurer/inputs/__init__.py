@@ -32,8 +32,14 @@ if TYPE_CHECKING:
         FindVoting,
         MeasureInputs,
     )
+    from model.measurer.inputs.view import (
+        LesionView,
+        view_crop,
+        view_images,
+    )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.inputs.view": ("LesionView", "view_crop", "view_images"),
     "model.measurer.inputs.data": (
         "Batch",
         "MeasureExample",
@@ -62,6 +68,7 @@ __all__ = [
     "FindExample",
     "FindInputs",
     "FindVoting",
+    "LesionView",
     "MeasureExample",
     "MeasureInputs",
     "collate",
@@ -71,6 +78,8 @@ __all__ = [
     "find_planes",
     "measure_example",
     "prepare_find_field",
+    "view_crop",
+    "view_images",
 ]
 
 if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error

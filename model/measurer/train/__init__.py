@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING
 from ingestion._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
+    from model.measurer.train.clicks import (
+        ClickTrainConfig,
+        train_click_model,
+    )
     from model.measurer.train.config import (
         BackboneSize,
         PoolSettings,
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     )
 
 _SOURCES: dict[str, tuple[str, ...]] = {
+    "model.measurer.train.clicks": ("ClickTrainConfig", "train_click_model"),
     "model.measurer.train.config": (
         "BackboneSize",
         "PoolSettings",
@@ -47,6 +52,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 
 __all__ = [
     "BackboneSize",
+    "ClickTrainConfig",
     "MemoryEstimate",
     "PoolSettings",
     "Stage",
@@ -55,6 +61,7 @@ __all__ = [
     "domain_for_training",
     "estimate_training_memory",
     "train",
+    "train_click_model",
 ]
 
 if not TYPE_CHECKING:  # mypy sees the imports above, so a name not exported is an error

@@ -440,7 +440,15 @@ def test_kept_models_are_loaded_again_when_their_files_change(tmp_path: Path) ->
         assert kept_model(tmp_path, True, load) == 5
         (tmp_path / "more").write_bytes(b"")  # a file added
         assert kept_model(tmp_path, True, load) == 6
-    assert kept_model(tmp_path, True, load) == 7  # forgotten after
+        (tmp_path / "click").mkdir()  # a click model's folder
+        (tmp_path / "click" / "weights").write_bytes(b"1")
+        assert kept_model(tmp_path, True, load) == 7
+        (tmp_path / "click" / "weights").write_bytes(b"22")  # changed inside it
+        assert kept_model(tmp_path, True, load) == 8
+        (tmp_path / "train_state").mkdir()  # training state is not the model
+        (tmp_path / "train_state" / "state.json").write_bytes(b"{}")
+        assert kept_model(tmp_path, True, load) == 8
+    assert kept_model(tmp_path, True, load) == 9  # forgotten after
 
 
 def test_consoles_write_where_they_are_told_and_back() -> None:
