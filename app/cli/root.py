@@ -18,6 +18,7 @@ from rich.table import Table
 
 from app.cli.batch import batch
 from app.cli.calibrate import calibrate
+from app.cli.clicks import calibrate_click, train_click
 from app.cli.dataset import dataset_app
 from app.cli.evaluate import evaluate
 from app.cli.measure import measure
@@ -237,6 +238,8 @@ def export_sr(
 for command in (measure, resident, batch, train, calibrate, evaluate, serve):
     app.command()(command)
 app.command("export-model")(export_model)
+app.command("train-click")(train_click)
+app.command("calibrate-click")(calibrate_click)
 app.add_typer(db_app, name="db")
 app.add_typer(users_app, name="users")
 app.add_typer(audit_app, name="audit")
