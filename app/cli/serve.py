@@ -71,7 +71,7 @@ def serve(
     from app.files import owner_only_dir
     from app.progress import steps_display
     from app.ui.context import UiContext
-    from app.ui.demo import demo_real_study, seed_demo
+    from app.ui.demo import demo_click_study, demo_real_study, seed_demo
     from app.ui.server import APP_PATH, create_app
     from ingestion import Modality
 
@@ -103,6 +103,7 @@ def serve(
                 settings.data_dir,
                 on_step=lambda text: status.update(text),
                 real_study=real,
+                click_study=demo_click_study(),
             )
         for name, password in passwords.items():
             out.print(f"demo user [bold]{name}[/bold] password: {password}")

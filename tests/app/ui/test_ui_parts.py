@@ -239,13 +239,23 @@ def test_the_first_start_also_measures_the_real_ct_where_the_machine_has_it(
 ) -> None:
     """The shared real CT (Apache-2.0) is read in place and stored beside the phantoms, named
     by its folder; without a shared folder there is none to add."""
-    from app.ui.demo import DEMO_REAL_CASE, demo_real_study, seed_demo
-    from db.models import Study
+    from app.ui.demo import (
+        DEMO_CLICK_CASE,
+        DEMO_REAL_CASE,
+        demo_click_study,
+        demo_real_study,
+        seed_demo,
+    )
+    from db.models import Finding, Measurement, Run, Study
+    from db.queries import CLICKED
     from model.measurer.checkpoint.settings import default_checkpoint
     from model.measurer.infer.pipeline import CheckpointMeasurer
 
     assert demo_real_study(tmp_path / "no-such-folder") is None
+    assert demo_click_study(tmp_path / "no-such-folder") is None
     real = demo_real_study()
+    click = demo_click_study()
+    assert click is not None and click.image.name.startswith(DEMO_CLICK_CASE)
     assert real is not None and real.parts[-2] == DEMO_REAL_CASE  # the shared set is here
     url = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
     upgrade(url)
@@ -257,9 +267,25 @@ def test_the_first_start_also_measures_the_real_ct_where_the_machine_has_it(
         tmp_path,
         on_step=steps.append,
         real_study=real,
+        click_study=click,
     )
     assert f"measuring the real CT demo study ({DEMO_REAL_CASE})" in steps
+    assert f"measuring a real lung nodule by a click ({DEMO_CLICK_CASE})" in steps
     with store.reader() as session:
         studies = session.execute(select(Study)).scalars().all()
-    assert len(studies) == 4
+        # the nodule is measured by its click: a lesion with both axes, each with its range
+        runs = session.execute(select(Run)).scalars().all()
+        clicked = [r for r in runs if r.settings.get("inference") == CLICKED]
+        assert len(clicked) == 1 and clicked[0].source.endswith(f"{DEMO_CLICK_CASE}.nii.gz")
+        values = dict(
+            session.execute(
+                select(Measurement.name, Measurement.value_mm)
+                .join(Finding, Measurement.finding_id == Finding.id)
+                .where(Finding.run_id == clicked[0].id, Finding.kind == "lesion")
+            ).all()
+        )
+    assert len(studies) == 5
+    # the nodule (17.7 mm by its readers) is measured by its click, both axes
+    assert set(values) == {"long_axis", "short_axis"}
+    assert all(v is not None and v > 3.0 for v in values.values())
     store.dispose()
