@@ -29,6 +29,7 @@ import numpy as np
 from ingestion.errors import ModelError
 from ingestion.volume import Volume
 from model.measurer.calibrate.calibration import Calibration
+from model.measurer.infer.stages import segment_to_lps
 from model.measurer.inputs.data import AxesExample, PointExample, Prompted
 from model.measurer.inputs.images import Crop
 from model.measurer.inputs.view import LesionView, view_crop, view_images
@@ -88,19 +89,13 @@ class ClickDrawing:
         return (float(m[0]), float(m[1]), float(m[2]))
 
 
-def _to_lps(crop: Crop, segment: tuple[tuple[float, float], tuple[float, float]]) -> Segment3:
-    frame = (crop.image.shape[0] - 1) / 2
-    (r0, c0), (r1, c1) = segment
-    a, b = crop.pixel_to_lps([(frame, r0 - 0.5, c0 - 0.5), (frame, r1 - 0.5, c1 - 0.5)])
-    return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
-
-
 def _drawing(crop: Crop, text: str) -> ClickDrawing | None:
     parsed = parse_axes(text, FindingKind.LESION)
     if not parsed.success:
         logger.info("a caliper drawing was malformed: %s", parsed.reason)
         return None
-    long_axis, short_axis = (_to_lps(crop, s) for s in parsed.segments)
+    frame = (crop.image.shape[0] - 1) / 2
+    long_axis, short_axis = (segment_to_lps(crop, frame, s) for s in parsed.segments)
     return ClickDrawing(long_axis, short_axis)
 
 
