@@ -11,7 +11,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -20,7 +20,10 @@ from app.cli.loading import finite, os_error, output_folder
 from app.console import EXIT_NOTHING, err, out, safe
 from app.progress import progress_display
 
-__all__ = ["CLICK_FOLDER", "calibrate_click", "train_click"]
+if TYPE_CHECKING:
+    from ingestion.dataset.format import Dataset
+
+__all__ = ["CLICK_FOLDER", "attach_click_model", "calibrate_click", "train_click"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +31,7 @@ logger = logging.getLogger(__name__)
 CLICK_FOLDER = "click"
 
 
-def _reads_side(dataset: Path, side: str) -> object:
+def _reads_side(dataset: Path, side: str) -> Dataset:
     """The dataset's chosen side of the patient split, or exit 2 saying why."""
     from ingestion.dataset.format import read_dataset
     from ingestion.dataset.split import Side, select_side
@@ -77,7 +80,6 @@ def train_click(
     """
     import torch
 
-    from ingestion.dataset.format import Dataset
     from ingestion.errors import RadcaliperError
     from model.measurer.checkpoint import default_checkpoint
     from model.measurer.data.reads import ReadsClicks
@@ -86,7 +88,6 @@ def train_click(
 
     output_folder(out_dir, "OUT_DIR")
     data = _reads_side(dataset, "train")
-    assert isinstance(data, Dataset)
     if threads:
         torch.set_num_threads(threads)
     view = LesionView()
@@ -153,7 +154,6 @@ def calibrate_click(
 ) -> None:
     """Fit a click model's ranges on the calibration patients' reads (split conformal per
     measurement and size bin), store them in MODEL_DIR, and optionally attach it."""
-    from ingestion.dataset.format import Dataset
     from ingestion.errors import RadcaliperError
     from model.measurer.calibrate.clicks import click_pairs, fit_click_calibration
     from model.measurer.checkpoint import read_settings, write_settings
@@ -161,7 +161,6 @@ def calibrate_click(
     from model.measurer.infer.click import ClickCaliper
 
     data = _reads_side(dataset, "calibration")
-    assert isinstance(data, Dataset)
     try:
         model = CheckpointMeasurer.load(model_dir)
         view = model.settings.lesion_view
