@@ -13,6 +13,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
+from ingestion.dataset.format import Dataset, read_dataset, write_import
+from ingestion.dataset.reads import import_reads
 from ingestion.errors import ConfigurationError
 
 COLUMNS = (
@@ -121,3 +123,27 @@ def write_reads_folder(folder: Path) -> Path:
         write_crop(folder, r["case"])
     write_table(folder, rows)
     return folder
+
+
+# patients of the training side of the split (ingestion/dataset/patient_split.json)
+TRAIN_ROWS = (
+    ("LIDC-IDRI-0001_R_1", "LIDC-IDRI-0001", [8.1, 9.0, 8.6, 7.9], [5.2, 6.0, 5.5, 5.0]),
+    ("LIDC-IDRI-0004_R_1", "LIDC-IDRI-0004", [12.5, 13.2, 11.9], [8.1, 8.7, 7.6]),
+    ("LIDC-IDRI-0006_R_1", "LIDC-IDRI-0006", [4.2, 4.8, 5.0, 4.4], [3.1, 3.4, 3.9, 3.0]),
+)
+
+
+def reads_dataset(
+    tmp: Path,
+    rows: Sequence[tuple[str, str, list[float], list[float]]] = TRAIN_ROWS,
+    margin_px: int = 12,
+) -> Dataset:
+    """A dataset of read lesions in lung (background -800 HU) with room around them."""
+    folder = tmp / "reads"
+    table = [row(case, patient, longs, shorts) for case, patient, longs, shorts in rows]
+    for r in table:
+        write_crop(folder, r["case"], background_hu=-800.0, margin_px=margin_px)
+    write_table(folder, table)
+    out = tmp / "dataset"
+    write_import(out, [import_reads(folder)])
+    return read_dataset(out)

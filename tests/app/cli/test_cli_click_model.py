@@ -16,7 +16,7 @@ from ingestion.errors import ModelError
 from model.measurer.checkpoint import checkpoint_hash, default_checkpoint, read_settings
 from model.measurer.infer import CheckpointMeasurer
 
-from tests.model.measurer.data.test_reads_clicks import reads_dataset
+from tests.support.reads import reads_dataset
 
 runner = CliRunner()
 

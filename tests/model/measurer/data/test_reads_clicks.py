@@ -8,33 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingestion.dataset.format import Dataset, read_dataset, write_import
-from ingestion.dataset.reads import import_reads
+from ingestion.dataset.format import Dataset
 from model.measurer.data.reads import ReadsClicks, lesion_from_reads
-from model.measurer.infer.click import _drawing
+from model.measurer.infer.stages import segment_to_lps
 from model.measurer.inputs.view import LesionView
+from model.measurer.results import FindingKind
+from model.measurer.tasks.axes import parse_axes
 from model.measurer.tasks.text import parse_point
 
-from tests.support.reads import row, write_crop, write_table
-
-# patients of the training side of the split (ingestion/dataset/patient_split.json)
-TRAIN_ROWS = (
-    ("LIDC-IDRI-0001_R_1", "LIDC-IDRI-0001", [8.1, 9.0, 8.6, 7.9], [5.2, 6.0, 5.5, 5.0]),
-    ("LIDC-IDRI-0004_R_1", "LIDC-IDRI-0004", [12.5, 13.2, 11.9], [8.1, 8.7, 7.6]),
-    ("LIDC-IDRI-0006_R_1", "LIDC-IDRI-0006", [4.2, 4.8, 5.0, 4.4], [3.1, 3.4, 3.9, 3.0]),
-)
-
-
-def reads_dataset(tmp: Path, rows=TRAIN_ROWS, margin_px: int = 12) -> Dataset:  # type: ignore[no-untyped-def]
-    """A dataset of read lesions in lung (background -800 HU) with room around them."""
-    folder = tmp / "reads"
-    table = [row(case, patient, longs, shorts) for case, patient, longs, shorts in rows]
-    for r in table:
-        write_crop(folder, r["case"], background_hu=-800.0, margin_px=margin_px)
-    write_table(folder, table)
-    out = tmp / "dataset"
-    write_import(out, [import_reads(folder)])
-    return read_dataset(out)
+from tests.support.reads import reads_dataset
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +56,13 @@ def test_axes_examples_draw_the_true_caliper_in_the_view(dataset: Dataset) -> No
     for example in examples:
         assert example.images.shape == (view.frames, 3, 56, 56)
         assert example.answer is not None
-        drawing = _drawing(example.crop, example.answer)
-        assert drawing is not None
+        parsed = parse_axes(example.answer, FindingKind.LESION)
+        assert parsed.success, parsed.reason
+        frame = (example.crop.image.shape[0] - 1) / 2
+        long_axis = segment_to_lps(example.crop, frame, parsed.segments[0])
         # the answer, read back through the crop, is one of the lesions' calipers (either end
         # first: the answer writes the end with the smaller column first)
-        drawn = np.array(drawing.long_axis)
+        drawn = np.array(long_axis)
         gap = min(
             min(
                 np.linalg.norm(drawn - np.array(c.long_axis), axis=1).max(),
