@@ -201,9 +201,9 @@ def export_checkpoint(
     directory: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None
 ) -> Path:
     """Write ``directory`` (a delta or a standalone checkpoint) as a standalone one in
-    ``out_dir``: the full model with LoRA merged, loadable without its base model. The card
-    and settings are kept (less the base reference). ``base_model``: as for
-    :func:`load_checkpoint`."""
+    ``out_dir``: the full model with LoRA merged, loadable without its base model. The card,
+    the settings (less the base reference) and the click model it names are kept.
+    ``base_model``: as for :func:`load_checkpoint`."""
     source, out = Path(directory), Path(out_dir)
     if out.resolve() == source.resolve():
         raise ModelError(f"export {source}: write the standalone checkpoint to another folder")
@@ -213,6 +213,14 @@ def export_checkpoint(
     if card.is_file():
         (out / CARD_NAME).write_text(card.read_text(encoding="utf-8"), encoding="utf-8")
     settings = dataclasses.replace(loaded.settings, base_model=None)
+    if settings.click_model is not None:  # the click model it names travels with it
+        import shutil
+
+        click = out / settings.click_model
+        shutil.rmtree(click, ignore_errors=True)
+        shutil.copytree(
+            source / settings.click_model, click, ignore=shutil.ignore_patterns("train_state")
+        )
     return save_checkpoint(out, loaded.model, loaded.head, loaded.tokenizer, settings)
 
 

@@ -143,3 +143,12 @@ def test_calibrate_click_refuses_to_attach_to_what_is_not_a_checkpoint(
     assert result.exit_code == 2
     assert "not-a-checkpoint" in result.output
     assert (model / "radcaliper.json").read_bytes() == before  # nothing written
+
+
+def test_an_exported_checkpoint_keeps_its_click_model(tmp_path: Path) -> None:
+    out = tmp_path / "exported"
+    result = runner.invoke(app, ["export-model", str(default_checkpoint()), str(out)])
+    assert result.exit_code == 0, result.output
+    assert read_settings(out).click_model == CLICK_FOLDER
+    assert (out / CLICK_FOLDER / "model.safetensors").is_file()
+    assert CheckpointMeasurer.load(out).click is not None

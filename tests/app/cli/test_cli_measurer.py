@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -116,9 +117,7 @@ def test_train_then_calibrate_through_the_cli(tmp_path: Path, studies: Path) -> 
 
 def test_calibrate_stores_ranges_with_their_mae(tmp_path: Path) -> None:
     model = tmp_path / "demo"
-    model.mkdir()
-    for path in default_checkpoint().iterdir():
-        (model / path.name).write_bytes(path.read_bytes())
+    shutil.copytree(default_checkpoint(), model)  # with its click model's folder
     result = runner.invoke(
         app,
         [
