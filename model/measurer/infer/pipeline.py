@@ -108,12 +108,21 @@ class CheckpointMeasurer:
         self._answered = 0
         self._automaton: TokenAutomaton | None = None
         self._automaton_made = False
-        self.click: ClickCaliper | None = None
+        self._click_path: Path | None = None
+        self._click: ClickCaliper | None = None
         if loaded.settings.click_model is not None:
-            self.click = self._click_caliper(loaded.settings.click_model)
+            self._click_path = self._click_folder(loaded.settings.click_model)
 
-    def _click_caliper(self, folder: str) -> ClickCaliper:
-        """The click model the checkpoint names (a folder of it), ready to answer clicks."""
+    @property
+    def click(self) -> ClickCaliper | None:
+        """The click model the checkpoint names, loaded at the first click (a whole-study
+        measurement never pays for it); None where it names none."""
+        if self._click is None and self._click_path is not None:
+            self._click = self._click_caliper(self._click_path)
+        return self._click
+
+    def _click_folder(self, folder: str) -> Path:
+        """The click model's folder, checked to lie inside the checkpoint (``ModelError``)."""
         if self.directory is None:
             raise ModelError(
                 f"this measurer names a click model ({folder!r}) but was not loaded from a "
@@ -125,6 +134,11 @@ class CheckpointMeasurer:
                 f"{self.directory}: its click model {folder!r} is not a folder of the "
                 "checkpoint; copy the checkpoint again, whole"
             )
+        return path
+
+    def _click_caliper(self, path: Path) -> ClickCaliper:
+        """The click model at ``path``, ready to answer clicks (``ModelError`` if it is not
+        one)."""
         model = CheckpointMeasurer.load(path, device=self.device, options=self.options)
         view = model.settings.lesion_view
         if view is None or not {"point", "axes"} <= set(model.settings.tasks):
