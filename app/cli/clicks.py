@@ -211,26 +211,24 @@ def calibrate_click(
 
 
 def attach_click_model(checkpoint: Path, click_model: Path) -> None:
-    """Copy ``click_model`` into ``checkpoint/click`` and name it in its ``radcaliper.json``
-    (the copy is made beside and moved into place, so a failure leaves the old one)."""
+    """Copy ``click_model`` into ``checkpoint/click`` (whole: it is copied beside first, then
+    moved into place) and name it in the checkpoint's settings; no other setting changes."""
     from model.measurer.checkpoint import read_settings
+    from model.measurer.checkpoint.settings import SETTINGS_NAME
 
     read_settings(checkpoint)  # a checkpoint, before anything is copied
     target = checkpoint / CLICK_FOLDER
-    staging = checkpoint / f".{CLICK_FOLDER}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(
-        click_model, staging, ignore=shutil.ignore_patterns("train_state", ".*.partial")
-    )
     if target.resolve() != click_model.resolve():
+        staging = checkpoint / f".{CLICK_FOLDER}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(click_model, staging, ignore=shutil.ignore_patterns("train_state"))
         shutil.rmtree(target, ignore_errors=True)
-    staging.replace(target)
-    # only the one key changes: the rest of the file stays byte for byte what it was
-    path = checkpoint / "radcaliper.json"
+        staging.replace(target)
+    path = checkpoint / SETTINGS_NAME
     data = json.loads(path.read_text())
     data["click_model"] = CLICK_FOLDER
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(data, indent=2) + "\n")
     partial.replace(path)
     read_settings(checkpoint)  # still a checkpoint
-    logger.info("click model attached: %s", json.dumps(str(target)))
+    logger.info("click model attached in %s", target)

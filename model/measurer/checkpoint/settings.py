@@ -39,6 +39,7 @@ __all__ = [
     "MeasurerSettings",
     "NumericMode",
     "checkpoint_hash",
+    "click_model_folder",
     "default_checkpoint",
     "files_sha256",
     "read_settings",
@@ -247,28 +248,31 @@ def checkpoint_hash(directory: str | Path) -> str:
     and, where it names a click model, that folder's files too: the identity of a model
     version as the store records it."""
     root = Path(directory)
-    files = [p for p in root.iterdir() if p.is_file()]
-    digest = files_sha256(files)
-    click = _click_folder(root)
-    if click is None:
+    digest = files_sha256(p for p in root.iterdir() if p.is_file())
+    try:
+        folder = json.loads((root / SETTINGS_NAME).read_text()).get("click_model")
+    except (OSError, ValueError, AttributeError):
+        folder = None  # not a checkpoint's settings: its files are its identity
+    if not isinstance(folder, str):
         return digest
+    click = click_model_folder(root, folder)
     inner = files_sha256(p for p in click.iterdir() if p.is_file())
     import hashlib
 
     return hashlib.sha256(f"{digest}\0{click.name}\0{inner}".encode()).hexdigest()
 
 
-def _click_folder(root: Path) -> Path | None:
-    """The click model's folder a checkpoint's ``radcaliper.json`` names, if any."""
-    try:
-        data = json.loads((root / SETTINGS_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    folder = data.get("click_model") if isinstance(data, dict) else None
-    if not isinstance(folder, str):
-        return None
-    path = root / folder
-    return path if path.is_dir() else None
+def click_model_folder(directory: str | Path, folder: str) -> Path:
+    """The click model's folder a checkpoint names (``settings.click_model``), which must be a
+    folder inside it (``ModelError`` naming the checkpoint otherwise)."""
+    root = Path(directory).resolve()
+    path = (root / folder).resolve()
+    if not path.is_relative_to(root) or path == root or not path.is_dir():
+        raise ModelError(
+            f"{directory}: its click model {folder!r} is not a folder of the checkpoint; copy "
+            "the checkpoint again, whole"
+        )
+    return path
 
 
 def files_sha256(paths: Iterable[Path]) -> str:

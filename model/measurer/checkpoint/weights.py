@@ -50,6 +50,7 @@ from model.measurer.checkpoint.settings import (
     BaseReference,
     MeasurerSettings,
     NumericMode,
+    click_model_folder,
     read_settings,
     update_card,
 )
@@ -219,7 +220,9 @@ def export_checkpoint(
         click = out / settings.click_model
         shutil.rmtree(click, ignore_errors=True)
         shutil.copytree(
-            source / settings.click_model, click, ignore=shutil.ignore_patterns("train_state")
+            click_model_folder(source, settings.click_model),
+            click,
+            ignore=shutil.ignore_patterns("train_state"),
         )
     return save_checkpoint(out, loaded.model, loaded.head, loaded.tokenizer, settings)
 

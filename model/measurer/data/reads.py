@@ -71,6 +71,18 @@ class SliceCaliper:
         return float(np.linalg.norm(self.long_axis[1] - self.long_axis[0]))
 
     @property
+    def short_mm(self) -> float:
+        return float(np.linalg.norm(self.short_axis[1] - self.short_axis[0]))
+
+    def scaled(self, long_factor: float, short_factor: float) -> SliceCaliper:
+        """Each axis scaled about its own midpoint."""
+        return SliceCaliper(
+            self.slice_index,
+            _scaled(*self.long_axis, long_factor),
+            _scaled(*self.short_axis, short_factor),
+        )
+
+    @property
     def midpoint(self) -> FloatArray:
         return 0.5 * (self.long_axis[0] + self.long_axis[1])
 
@@ -109,11 +121,9 @@ def _box(mask: npt.NDArray[np.bool_], pad: int = 1) -> tuple[slice, ...]:
     )
 
 
-def _slice_calipers(
-    volume: Volume, mask: npt.NDArray[np.bool_]
-) -> list[tuple[int, FloatArray, FloatArray, FloatArray, FloatArray, float, float]]:
-    """(slice, long a, b, short c, d, long mm, short mm) of each slice the mask crosses, the
-    RECIST axes of that slice's section, measured on the mask's bounding box."""
+def _slice_calipers(volume: Volume, mask: npt.NDArray[np.bool_]) -> list[SliceCaliper]:
+    """The RECIST axes of the mask's section on each slice it crosses (measured on the mask's
+    bounding box), unscaled."""
     from ingestion.geometry import Geometry
 
     box = _box(mask)
@@ -130,7 +140,7 @@ def _slice_calipers(
         axes = lesion_axes(only, geometry)
         a, b = (np.asarray(p, dtype=np.float64) for p in axes.long_axis_lps_mm)
         c, d = (np.asarray(p, dtype=np.float64) for p in axes.short_axis_lps_mm)
-        rows.append((int(k) + box[0].start, a, b, c, d, axes.long_axis_mm, axes.short_axis_mm))
+        rows.append(SliceCaliper(int(k) + box[0].start, (a, b), (c, d)))
     return rows
 
 
@@ -152,19 +162,13 @@ def lesion_from_mask(
     if not mask.any():
         return None
     per_slice = _slice_calipers(volume, mask)
-    longest = max(per_slice, key=lambda row: row[5])
-    if longest[5] <= 0 or longest[6] <= 0:
+    longest = max(per_slice, key=lambda c: c.long_mm)
+    if longest.long_mm <= 0 or longest.short_mm <= 0:
         return None
-    long_mm = longest[5] if long_mm is None else float(long_mm)
-    short_mm = longest[6] if short_mm is None else float(short_mm)
-    long_factor, short_factor = long_mm / longest[5], short_mm / longest[6]
-    calipers = sorted(
-        (
-            SliceCaliper(k, _scaled(a, b, long_factor), _scaled(c, d, short_factor))
-            for k, a, b, c, d, _, _ in per_slice
-        ),
-        key=lambda c: -c.long_mm,
-    )
+    long_mm = longest.long_mm if long_mm is None else float(long_mm)
+    short_mm = longest.short_mm if short_mm is None else float(short_mm)
+    factors = (long_mm / longest.long_mm, short_mm / longest.short_mm)
+    calipers = sorted((c.scaled(*factors) for c in per_slice), key=lambda c: -c.long_mm)
     negatives = np.zeros((0, 3), dtype=np.int64)
     if negative_margin_mm is not None:
         geometry = volume.geometry

@@ -4,11 +4,13 @@
 
 1. **first look** (one batch): at the click, a crop of the view's ``first_look_mm`` asked the
    point task (a lesion here, or "none") and the axes task (where its long axis lies);
-2. **the view** (one batch): crops centred on the first look's long-axis midpoint, of the field
-   that makes the lesion span ``fill`` of it (``LesionView.field_for``), on the click's slice
-   and up to ``slices`` neighbours each side within half the first look's long axis, each asked
-   the axes task; the caliper of the slice with the longest long axis is the answer, as a
-   reader measures a lesion where it is longest.
+2. **looks** (one answer each, up to ``LesionView.looks``): centred on the last drawing, at the
+   field it asks for (``LesionView.next_field``: the lesion spanning ``fill`` of it, zooming by
+   at most ``zoom_step``), until the field settles;
+3. **the view** (one batch): crops at the settled field on the click's slice and up to
+   ``slices`` neighbours each side within half the settled long axis, each asked the axes task;
+   the caliper of the slice with the longest long axis is the answer, as a reader measures a
+   lesion where it is longest.
 
 The values are the distances between the drawn end points (the caliper is the measurement),
 with the click model's calibrated ranges. A malformed drawing on every slice gives "not
@@ -29,9 +31,9 @@ import numpy as np
 from ingestion.errors import ModelError
 from ingestion.volume import Volume
 from model.measurer.calibrate.calibration import Calibration
-from model.measurer.infer.stages import segment_to_lps
+from model.measurer.infer.stages import drawn_segments, source_slice
 from model.measurer.inputs.data import AxesExample, PointExample, Prompted
-from model.measurer.inputs.images import Crop
+from model.measurer.inputs.images import Crop, native_slice_mm
 from model.measurer.inputs.view import LesionView, view_crop, view_images
 from model.measurer.results import (
     MEASUREMENTS_OF,
@@ -40,7 +42,7 @@ from model.measurer.results import (
     Segment3,
     StudyFinding,
 )
-from model.measurer.tasks.axes import axes_prompt, parse_axes
+from model.measurer.tasks.axes import axes_prompt
 from model.measurer.tasks.text import parse_point, point_prompt
 
 __all__ = ["Answered", "ClickCaliper", "ClickDrawing", "Generator"]
@@ -67,7 +69,7 @@ class Generator(Protocol):
 
 @dataclass(frozen=True)
 class ClickDrawing:
-    """One drawn caliper: LPS end points of the long and short axis, and its slice's z."""
+    """One drawn caliper: LPS end points of the long and short axis."""
 
     long_axis: Segment3
     short_axis: Segment3
@@ -90,45 +92,12 @@ class ClickDrawing:
 
 
 def _drawing(crop: Crop, text: str) -> ClickDrawing | None:
-    parsed = parse_axes(text, FindingKind.LESION)
-    if not parsed.success:
-        logger.info("a caliper drawing was malformed: %s", parsed.reason)
+    drawn = drawn_segments(crop, text, FindingKind.LESION)
+    if drawn is None:
+        logger.info("a caliper drawing was malformed")
         return None
-    frame = (crop.image.shape[0] - 1) / 2
-    long_axis, short_axis = (segment_to_lps(crop, frame, s) for s in parsed.segments)
+    long_axis, short_axis = drawn
     return ClickDrawing(long_axis, short_axis)
-
-
-def _aligned(segment: Segment3, reference: Segment3) -> Segment3:
-    """``segment`` with its ends in the order that points it the way ``reference`` points."""
-    a, b = (np.asarray(p) for p in segment)
-    ra, rb = (np.asarray(p) for p in reference)
-    return segment if float(np.dot(b - a, rb - ra)) >= 0 else (segment[1], segment[0])
-
-
-def _mean_segment(segments: Sequence[Segment3]) -> Segment3:
-    reference = segments[0]
-    ends = np.array([_aligned(s, reference) for s in segments], dtype=np.float64)  # (n, 2, 3)
-    a, b = ends.mean(axis=0)
-    return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
-
-
-def _mean(drawings: Sequence[ClickDrawing | None]) -> ClickDrawing | None:
-    """The mean caliper of the drawings that parsed (end points matched by direction)."""
-    good = [d for d in drawings if d is not None]
-    if not good:
-        return None
-    if len(good) == 1:
-        return good[0]
-    return ClickDrawing(
-        _mean_segment([d.long_axis for d in good]), _mean_segment([d.short_axis for d in good])
-    )
-
-
-def _z_spacing(volume: Volume) -> float:
-    geometry = volume.geometry
-    axis = int(np.argmax(np.abs(geometry.direction[2])))
-    return float(geometry.spacing[axis])
 
 
 class ClickCaliper:
@@ -175,24 +144,22 @@ class ClickCaliper:
     def drawings(
         self, volume: Volume, point: Vector3, first: ClickDrawing
     ) -> list[tuple[float, ClickDrawing | None]]:
-        """The view's drawings on the click's slice and its neighbours: (z offset mm, drawing),
-        at the field the looks settled on (:meth:`settle`); on each slice the mean of the
-        drawings at ``LesionView.ensemble`` fields about it (None where none parsed)."""
+        """The view's drawings on the click's slice and its neighbours: (z offset mm, drawing,
+        None where malformed), at the field the looks settled on (:meth:`settle`)."""
         field, settled = self.settle(volume, point, first)
         centre = settled.midpoint
-        dz = _z_spacing(volume)
-        reach = 0 if dz <= 0 else min(self.view.slices, int(0.5 * settled.long_mm / dz))
+        dz = native_slice_mm(volume.geometry)
+        reach = min(self.view.slices, int(0.5 * settled.long_mm / dz))
         offsets = [j * dz for j in range(-reach, reach + 1)]
-        scales = self.view.ensemble_scales()
         crops = [
-            view_crop(volume, (centre[0], centre[1], point[2] + dz_j), field * scale, self.view)
+            view_crop(volume, (centre[0], centre[1], point[2] + dz_j), field, self.view)
             for dz_j in offsets
-            for scale in scales
         ]
         answers = self.model.generate([self._axes(c) for c in crops], MAX_TOKENS)
-        drawn = [_drawing(crop, str(a.text)) for crop, a in zip(crops, answers, strict=True)]
-        n = len(scales)
-        return [(dz_j, _mean(drawn[i * n : (i + 1) * n])) for i, dz_j in enumerate(offsets)]
+        return [
+            (dz_j, _drawing(crop, str(a.text)))
+            for dz_j, crop, a in zip(offsets, crops, answers, strict=True)
+        ]
 
     def measure_at(self, volume: Volume, point_lps_mm: Sequence[float]) -> StudyFinding | None:
         """The lesion under the click with its caliper, or None where the model sees none."""
@@ -219,17 +186,20 @@ class ClickCaliper:
         if values[1] > values[0]:  # the short axis is never the longer one
             best = ClickDrawing(best.short_axis, best.long_axis)
             values = (best.long_mm, best.short_mm)
+        calibration = self.calibration
         measurements = []
         for name, value in zip(MEASUREMENTS_OF[FindingKind.LESION], values, strict=True):
-            interval = None if self.calibration is None else self.calibration.interval(name, value)
-            coverage = None if interval is None else self.calibration.coverage(name)  # type: ignore[union-attr]
+            interval = None if calibration is None else calibration.interval(name, value)
+            coverage = (
+                None if calibration is None or interval is None else calibration.coverage(name)
+            )
             measurements.append(Measurement(name, value, interval, coverage))
         centre = best.midpoint
         return StudyFinding(
             1,
             FindingKind.LESION,
             centre,
-            _slice(volume, centre),
+            source_slice(volume, centre),
             tuple(measurements),
             (best.long_axis, best.short_axis),
         )
@@ -238,9 +208,4 @@ class ClickCaliper:
         measurements = tuple(
             Measurement.not_measurable(name, reason) for name in MEASUREMENTS_OF[FindingKind.LESION]
         )
-        return StudyFinding(1, FindingKind.LESION, click, _slice(volume, click), measurements)
-
-
-def _slice(volume: Volume, centre: Sequence[float]) -> int:
-    index = volume.geometry.lps_to_index(np.asarray(centre, dtype=np.float64))
-    return int(min(volume.shape[0] - 1, max(0, round(float(index[0])))))
+        return StudyFinding(1, FindingKind.LESION, click, source_slice(volume, click), measurements)

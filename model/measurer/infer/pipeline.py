@@ -25,19 +25,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ingestion.contrast import contrast_of
 from ingestion.errors import ModelError
 from ingestion.volume import Volume
 from model.measurer.checkpoint.domain import check as check_domain
-from model.measurer.checkpoint.settings import MeasurerSettings, checkpoint_hash
+from model.measurer.checkpoint.settings import (
+    MeasurerSettings,
+    checkpoint_hash,
+    click_model_folder,
+)
 from model.measurer.checkpoint.weights import LoadedMeasurer, load_checkpoint
 from model.measurer.infer.caliper import caliper
 from model.measurer.infer.click import ClickCaliper
 from model.measurer.infer.inference import Answer, generate_answers, outcome_for
-from model.measurer.infer.stages import default_stages, segment_to_lps
+from model.measurer.infer.stages import default_stages, drawn_segments, source_slice
 from model.measurer.infer.state import (
     MAX_AXES_TOKENS,
     MAX_POINT_TOKENS,
@@ -54,12 +57,10 @@ from model.measurer.results import (
     FindingKind,
     Measurement,
     ModelInfo,
-    Segment3,
     StudyFinding,
     StudyResult,
     renumber,
 )
-from model.measurer.tasks.axes import parse_axes
 from model.measurer.tasks.grammar import find_answer_automaton
 from model.measurer.tasks.text import ParsedMeasure, parse_point
 from model.measurer.tasks.tokenizer import special_ids
@@ -128,13 +129,7 @@ class CheckpointMeasurer:
                 f"this measurer names a click model ({folder!r}) but was not loaded from a "
                 "directory to find it in"
             )
-        path = (self.directory / folder).resolve()
-        if not path.is_relative_to(self.directory.resolve()) or not path.is_dir():
-            raise ModelError(
-                f"{self.directory}: its click model {folder!r} is not a folder of the "
-                "checkpoint; copy the checkpoint again, whole"
-            )
-        return path
+        return click_model_folder(self.directory, folder)
 
     def _click_caliper(self, path: Path) -> ClickCaliper:
         """The click model at ``path``, ready to answer clicks (``ModelError`` if it is not
@@ -274,7 +269,7 @@ class CheckpointMeasurer:
                     0,
                     found.kind,
                     found.center_lps_mm,
-                    _source_slice(volume, found.center_lps_mm),
+                    source_slice(volume, found.center_lps_mm),
                     measurements,
                     axes,
                 )
@@ -363,9 +358,11 @@ class CheckpointMeasurer:
         axes = None
         if self.draws_calipers:
             which = list(FindingKind).index(kind)
-            drawn = _drawn(drawings[which], answers[1 + which].text, kind)
+            drawn = drawn_segments(drawings[which].crop, answers[1 + which].text, kind)
+            if drawn is None:
+                logger.info("the axes answer at the point was malformed (not measurable)")
             measurements, axes = caliper(kind, measurements, drawn, volume.geometry.normal)
-        return StudyFinding(1, kind, center, _source_slice(volume, center), measurements, axes)
+        return StudyFinding(1, kind, center, source_slice(volume, center), measurements, axes)
 
     @property
     def draws_calipers(self) -> bool:
@@ -389,28 +386,3 @@ class CheckpointMeasurer:
         for flag in result.flags:
             logger.warning("%s", flag)
         return result.flags
-
-
-def _drawn(example: AxesExample, text: str, kind: FindingKind) -> tuple[Segment3, ...] | None:
-    """An axes answer's segments in LPS mm, or None where it was malformed."""
-    parsed = parse_axes(text, kind)
-    if not parsed.success:
-        logger.info("the axes answer at the point was malformed (not measurable)")
-        return None
-    crop = example.crop
-    frame = (crop.image.shape[0] - 1) / 2
-    return tuple(segment_to_lps(crop, frame, s) for s in parsed.segments)
-
-
-def _nearest_voxel(volume: Volume, center: Sequence[float]) -> tuple[int, int, int]:
-    """(slice, row, column) of the voxel nearest to ``center``, clamped into the volume."""
-    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
-    k, r, c = (
-        int(min(n - 1, max(0, round(float(i))))) for i, n in zip(index, volume.shape, strict=True)
-    )
-    return k, r, c
-
-
-def _source_slice(volume: Volume, center: Sequence[float]) -> int:
-    """The source slice nearest to ``center`` (for the SOP instance the finding refers to)."""
-    return _nearest_voxel(volume, center)[0]

@@ -54,6 +54,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from model.measurer.infer.dedupe import one_report_per_object
@@ -111,6 +112,7 @@ from model.measurer.tasks.text import (
 if TYPE_CHECKING:
     from ingestion.volume import Volume
     from model.measurer.checkpoint.settings import MeasurerSettings
+    from model.measurer.inputs.images import Crop
 
 __all__ = [
     "ALL_STAGES",
@@ -118,11 +120,13 @@ __all__ = [
     "calibrate",
     "dedupe",
     "default_stages",
+    "drawn_segments",
     "find",
     "measure",
     "merge",
     "recentre",
     "segment_to_lps",
+    "source_slice",
     "stages_named",
     "verify",
 ]
@@ -327,6 +331,22 @@ def segment_to_lps(crop: object, frame: float, segment: Segment) -> Segment3:
     return (float(a[0]), float(a[1]), float(a[2])), (float(b[0]), float(b[1]), float(b[2]))
 
 
+def drawn_segments(crop: Crop, text: str, kind: FindingKind | str) -> tuple[Segment3, ...] | None:
+    """An axes answer about ``crop`` as LPS segments (its centre frame), None where malformed."""
+    parsed = parse_axes(text, kind)
+    if not parsed.success:
+        return None
+    frame = (crop.image.shape[0] - 1) / 2
+    return tuple(segment_to_lps(crop, frame, s) for s in parsed.segments)
+
+
+def source_slice(volume: Volume, center: Sequence[float]) -> int:
+    """The source slice nearest to ``center`` (for the SOP instance a finding refers to),
+    clamped into the volume."""
+    index = volume.geometry.lps_to_index(np.asarray(center, dtype=np.float64))
+    return int(min(volume.shape[0] - 1, max(0, round(float(index[0])))))
+
+
 def _draw_axes(
     model: StageModel, volume: Volume, candidates: Sequence[Candidate]
 ) -> tuple[list[tuple[Segment3, ...] | None], int]:
@@ -342,13 +362,9 @@ def _draw_axes(
     out: list[tuple[Segment3, ...] | None] = []
     malformed = 0
     for example, text in zip(present, texts, strict=True):
-        parsed = parse_axes(text, example.kind)
-        if not parsed.success:
-            malformed += 1
-            out.append(None)
-            continue
-        frame = (example.crop.image.shape[0] - 1) / 2
-        out.append(tuple(segment_to_lps(example.crop, frame, s) for s in parsed.segments))
+        drawn = drawn_segments(example.crop, text, example.kind)
+        malformed += drawn is None
+        out.append(drawn)
     return out, malformed
 
 

@@ -72,6 +72,7 @@ __all__ = [
     "find_slice_indices",
     "hu_window",
     "image_token_count",
+    "native_slice_mm",
     "patchify",
     "patchify_frames",
     "two_window_channels",
@@ -463,7 +464,7 @@ class Crop:
         return self.geometry.lps_to_index(points)
 
 
-def _z_spacing(geometry: Geometry) -> float:
+def native_slice_mm(geometry: Geometry) -> float:
     """The spacing of the volume axis nearest the patient's z (ingestion.prepare's native)."""
     axis = int(np.argmax(np.abs(geometry.direction[2])))
     return float(geometry.spacing[axis])
@@ -529,7 +530,7 @@ def crop_around(
         raise ValueError(f"size must be an integer number of pixels, got {size!r}")
     _check_side("size", int(size))
     frames = _count("slices", slices)
-    step = _z_spacing(volume.geometry) if slice_mm is None else _positive("slice_mm", slice_mm)
+    step = native_slice_mm(volume.geometry) if slice_mm is None else _positive("slice_mm", slice_mm)
     windows = _windows(window)
     geometry = _crop_geometry(centre, pixel, int(size), frames, step)
     # Imported here: ingestion.prepare imports MONAI (seconds), which importing this module

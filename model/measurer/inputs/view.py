@@ -55,9 +55,6 @@ class LesionView:
             drawing asks for, until the field settles (within 10 %).
         zoom_step: a look zooms in or out by at most this factor: a lesion the last look
             under-measured is never cut by the next one's field.
-        ensemble: the view is drawn at this many fields about the settled one (spread
-            ``ensemble_spread`` each way) and the drawings' end points averaged.
-        ensemble_spread: the relative spread of those fields.
     """
 
     size: int = 168
@@ -71,8 +68,6 @@ class LesionView:
     slices: int = 3
     looks: int = 3
     zoom_step: float = 2.0
-    ensemble: int = 1
-    ensemble_spread: float = 0.15
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or self.size < SIDE_MULTIPLE or self.size % SIDE_MULTIPLE:
@@ -97,25 +92,8 @@ class LesionView:
             raise ValueError(
                 f"looks must be >= 0 and zoom_step > 1, got {self.looks}, {self.zoom_step}"
             )
-        if self.ensemble < 1 or not (0.0 <= self.ensemble_spread < 0.5):
-            raise ValueError(
-                f"ensemble must be >= 1 and ensemble_spread in [0, 0.5), got {self.ensemble}, "
-                f"{self.ensemble_spread}"
-            )
         object.__setattr__(self, "window", hu_window("window", self.window))
         object.__setattr__(self, "second_window", hu_window("second_window", self.second_window))
-
-    def ensemble_scales(self) -> tuple[float, ...]:
-        """The relative fields the view is drawn at (1.0 alone without an ensemble)."""
-        import numpy as np
-
-        if self.ensemble == 1:
-            return (1.0,)
-        spread = self.ensemble_spread
-        return tuple(
-            float(v)
-            for v in np.exp(np.linspace(np.log(1 - spread), np.log(1 + spread), self.ensemble))
-        )
 
     def next_field(self, field_mm: float, long_axis_mm: float) -> float:
         """The next look's field after a drawing of ``long_axis_mm`` in a field of
@@ -142,8 +120,6 @@ class LesionView:
             "slices": self.slices,
             "looks": self.looks,
             "zoom_step": self.zoom_step,
-            "ensemble": self.ensemble,
-            "ensemble_spread": self.ensemble_spread,
         }
 
     @classmethod

@@ -152,3 +152,26 @@ def test_an_exported_checkpoint_keeps_its_click_model(tmp_path: Path) -> None:
     assert read_settings(out).click_model == CLICK_FOLDER
     assert (out / CLICK_FOLDER / "model.safetensors").is_file()
     assert CheckpointMeasurer.load(out).click is not None
+
+
+def test_attaching_again_replaces_the_click_model_whole(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, model = trained
+    checkpoint = tmp_path / "demo"
+    shutil.copytree(default_checkpoint(), checkpoint)
+    settings_before = json.loads((checkpoint / "radcaliper.json").read_text())
+    newer = tmp_path / "newer"
+    shutil.copytree(model, newer)
+    data = json.loads((newer / "radcaliper.json").read_text())
+    data["version"] = "2.0.0"
+    (newer / "radcaliper.json").write_text(json.dumps(data))
+    attach_click_model(checkpoint, model)
+    attach_click_model(checkpoint, newer)
+    attach_click_model(checkpoint, checkpoint / CLICK_FOLDER)  # itself: nothing to copy
+    assert read_settings(checkpoint / CLICK_FOLDER).version == "2.0.0"
+    assert not any(p.name.endswith(".partial") for p in checkpoint.iterdir())
+    after = json.loads((checkpoint / "radcaliper.json").read_text())
+    assert {k: v for k, v in after.items() if k != "click_model"} == {
+        k: v for k, v in settings_before.items() if k != "click_model"
+    }
